@@ -1,0 +1,80 @@
+"""``aiolock.connect(url)``: one URL per backend, through a registry of schemes."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+from urllib.parse import urlsplit
+
+from ._locks import Locks
+from .abc import Backend
+
+__all__ = ["SCHEMES", "connect"]
+
+#: scheme -> (module, class, pip extra); modules are imported only when used.
+SCHEMES: dict[str, tuple[str, str, str | None]] = {
+    "memory": ("aiolock.backends.memory", "MemoryBackend", None),
+    "redis": ("aiolock.backends.redis", "RedisBackend", "redis"),
+    "rediss": ("aiolock.backends.redis", "RedisBackend", "redis"),
+    "unix": ("aiolock.backends.redis", "RedisBackend", "redis"),
+    "zookeeper": ("aiolock.backends.zookeeper", "ZooKeeperBackend", "zookeeper"),
+    "zk": ("aiolock.backends.zookeeper", "ZooKeeperBackend", "zookeeper"),
+    "postgresql": ("aiolock.backends.postgres", "PostgresBackend", "postgres"),
+    "postgres": ("aiolock.backends.postgres", "PostgresBackend", "postgres"),
+    "memcached": ("aiolock.backends.memcached", "MemcachedBackend", None),
+}
+
+
+def backend_from_url(url: str, **options: Any) -> Backend:
+    """Build (but do not connect) the backend for ``url``."""
+    if not isinstance(url, str) or "://" not in url:
+        raise ValueError(
+            f"expected a URL such as 'memory://' or 'redis://localhost:6379/0', got {url!r}"
+        )
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in SCHEMES:
+        raise ValueError(
+            f"unknown URL scheme {scheme!r} in {url!r}; supported schemes: "
+            + ", ".join(f"{s}://" for s in SCHEMES)
+        )
+    module_name, class_name, extra = SCHEMES[scheme]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImportError(
+            f"the {scheme}:// backend needs an optional dependency ({exc.name}); "
+            f"install it with: pip install 'aiolock[{extra}]'"
+        ) from exc
+    backend_class = getattr(module, class_name)
+    backend: Backend = backend_class.from_url(url, **options)
+    return backend
+
+
+def connect(target: str | Backend | Any, **options: Any) -> Locks:
+    """Connect to a lock backend.
+
+    ``target`` is a URL (``memory://``, ``redis://host:port/db``, ``rediss://...``,
+    ``unix:///path.sock``, ``zookeeper://host:port,host:port/chroot``,
+    ``postgresql://user@host:port/db``, ``memcached://host:port``), a
+    :class:`aiolock.abc.Backend`, or a client you already have
+    (a ``redis.asyncio.Redis``; it is not closed when the connection closes).
+
+    Use ``async with aiolock.connect(url) as locks:`` (connects eagerly and raises
+    :class:`aiolock.BackendUnavailable` if the server cannot be reached within
+    ``connect_timeout``), or keep the returned :class:`Locks` and ``await
+    locks.aclose()`` when done. Options for Redis: ``connect_timeout`` (s, default 5),
+    ``request_timeout`` (s, default 5), ``prefix`` (key prefix, default ``"aiolock"``).
+    """
+    if isinstance(target, Backend):
+        if options:
+            raise ValueError("options are given to the backend's constructor, not to connect()")
+        return Locks(target)
+    if isinstance(target, str):
+        return Locks(backend_from_url(target, **options))
+    if type(target).__module__.startswith("redis."):
+        from .backends.redis import RedisBackend
+
+        return Locks(RedisBackend(target, **options))
+    raise ValueError(
+        f"connect() takes a URL, an aiolock.abc.Backend or a redis.asyncio client, got {target!r}"
+    )

@@ -1,0 +1,259 @@
+"""Leases: what a successful acquisition gives back.
+
+A :class:`Lease` is the user's handle. The grant on the server is a :class:`_Hold`,
+shared by a lease and its reentrant re-entries (counted; the server release happens at
+the last one). The watchdog and the session keep holds, never leases, so a lease that is
+garbage collected unreleased is noticed (``__del__``): it is released best effort and a
+:class:`ResourceWarning` says so.
+
+A lease's life ends one of three ways: released (the server confirmed), lost (renewal
+found it gone, or its last confirmed expiry passed on the monotonic clock), or its
+session closed. ``Lease.lost`` reads the clock itself, so it is exact even when the
+event loop was stalled and the watchdog has not run yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ._validate import check_ttl
+from .abc import Claim
+from .errors import LockError, LockLost
+
+if TYPE_CHECKING:
+    from ._locks import Locks as Session
+
+__all__ = ["Lease"]
+
+log = logging.getLogger("aiolock")
+
+
+class _Hold:
+    """One grant on the server, shared by the reentrant leases of one task."""
+
+    __slots__ = (
+        "__weakref__",
+        "callbacks",
+        "claim",
+        "count",
+        "done",
+        "expires_at",
+        "lost_reason",
+        "releasing",
+        "renew_at",
+        "renewing",
+        "sched",
+        "session",
+        "task",
+        "token",
+        "waiters",
+        "watchdog",
+    )
+
+    def __init__(
+        self, session: Session, claim: Claim, token: int, expires_at: float,
+        watchdog: bool, task: asyncio.Task[object] | None,
+    ) -> None:
+        self.session = session
+        self.claim = claim
+        self.token = token
+        self.expires_at = expires_at
+        self.renew_at = expires_at - claim.ttl_ms * (2 / 3000)  # ttl/3 after it was sent
+        self.watchdog = watchdog
+        self.task = task
+        self.count = 1
+        self.lost_reason: str | None = None
+        self.done = False  # released or lost: no longer renewed or tracked
+        self.renewing = False
+        self.callbacks: list[Callable[[], object]] = []
+        self.waiters: list[asyncio.Future[None]] = []
+        self.releasing: asyncio.Task[bool] | None = None
+        self.sched = math.nan  # when the watchdog's heap next looks at it
+
+    @property
+    def ttl(self) -> float:
+        return self.claim.ttl_ms / 1000
+
+    def is_lost(self) -> bool:
+        if self.lost_reason is None and not self.done and time.monotonic() >= self.expires_at:
+            self.mark_lost("its last confirmed expiry passed without a renewal")
+        return self.lost_reason is not None
+
+    def mark_lost(self, reason: str) -> None:
+        """The lease is gone: stop tracking it, tell everyone who asked, free it best effort."""
+        if self.done:
+            return
+        self.lost_reason = reason
+        log.warning("lease on %r lost: %s", self.claim.name, reason)
+        self.session.forget(self, wake=False)  # the abandon below signals the release
+        # The server may still keep it (e.g. a renewal reply that came too late): give it back.
+        self.session.spawn(self.session.abandon(self.claim))
+        self._notify()
+
+    def finish(self, woken: object = None) -> None:
+        """Released on the server: stop tracking it, wake the next local waiter (unless
+        it is ``woken`` already) and anyone in wait_lost()."""
+        if not self.done:
+            self.session.forget(self, wake=True, woken=woken)
+            self._notify()
+
+    def _notify(self) -> None:
+        for fut in self.waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self.waiters.clear()
+        callbacks, self.callbacks = self.callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # a user callback must not break the watchdog
+                log.exception("on_lost callback for %r failed", self.claim.name)
+
+
+class Lease:
+    """A held lock, read lock, write lock or semaphore permit.
+
+    Attributes: ``name``; ``token``, the fencing token (an int strictly greater than that
+    of every earlier acquisition of this name on this backend's data); ``lost``.
+    Release it with :meth:`release` (a second release is a no-op) or by leaving the
+    ``async with`` block that acquired it.
+    """
+
+    __slots__ = ("__weakref__", "_hold", "_released")
+
+    def __init__(self, hold: _Hold) -> None:
+        self._hold = hold
+        self._released = False
+
+    @property
+    def name(self) -> str:
+        """The lock's name."""
+        return self._hold.claim.name
+
+    @property
+    def token(self) -> int:
+        """The fencing token of this acquisition (reentrant re-entries share it)."""
+        return self._hold.token
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is known lost or its last confirmed expiry has passed."""
+        return self._hold.is_lost()
+
+    @property
+    def released(self) -> bool:
+        """True once :meth:`release` completed (or the connection closed and released it)."""
+        hold = self._hold
+        return self._released or (hold.done and hold.lost_reason is None)
+
+    @property
+    def ttl(self) -> float:
+        """The lease length in seconds that renewals ask for."""
+        return self._hold.ttl
+
+    @property
+    def expires_in(self) -> float:
+        """Seconds until the last expiry the server confirmed (<= 0: expired)."""
+        return self._hold.expires_at - time.monotonic()
+
+    async def wait_lost(self) -> None:
+        """Return when the lease is lost, or when it is released (then ``lost`` is False)."""
+        hold = self._hold
+        if hold.done or self._released or hold.is_lost():
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        hold.waiters.append(fut)
+        try:
+            await fut
+        finally:
+            if fut in hold.waiters:
+                hold.waiters.remove(fut)
+
+    async def extend(self, ttl: float | None = None) -> None:
+        """Renew the lease now for ``ttl`` seconds (default: its current ttl).
+
+        The new ttl also applies to later watchdog renewals. Raises :class:`LockLost`
+        if the lease is gone, :class:`LockError` if it was released.
+        """
+        hold = self._hold
+        ms = round(check_ttl(ttl) * 1000) if ttl is not None else hold.claim.ttl_ms
+        if self._released:
+            raise LockError(f"lease on {self.name!r} was released; acquire the lock again")
+        if hold.is_lost():
+            raise LockLost(f"lease on {self.name!r} is lost: {hold.lost_reason}")
+        hold.claim.ttl_ms = ms
+        await hold.session.watchdog.renew_now(hold)
+        if hold.lost_reason is not None:
+            raise LockLost(f"lease on {self.name!r} is lost: {hold.lost_reason}")
+
+    async def release(self) -> None:
+        """Give the lock back. A second call is a no-op.
+
+        The lease is forgotten only after the server confirmed, so a release that was
+        cancelled or failed can be called again; a cancelled release also finishes in
+        the background, so the lock is never left held by nobody.
+        """
+        await self._release()
+
+    async def _release(self) -> bool:
+        """Release; False if the server said the lease was no longer held."""
+        if self._released:
+            return True
+        hold = self._hold
+        if hold.count > 1:
+            hold.count -= 1
+            self._released = True
+            return True
+        if hold.done:  # lost (and given back best effort), or released by aclose()
+            self._released = True
+            hold.count = 0
+            return hold.lost_reason is None
+        pending = hold.releasing
+        if pending is not None and not (
+            pending.done() and (pending.cancelled() or pending.exception() is not None)
+        ):
+            held = await asyncio.shield(pending)  # an earlier, cancelled release still runs
+        else:
+            try:
+                held = await hold.session.release_hold(hold)
+            except asyncio.CancelledError:
+                # Finish in the background: the lock must not stay held by nobody.
+                hold.releasing = hold.session.spawn(hold.session.release_hold(hold))
+                raise
+            except Exception as exc:
+                # Stop renewing: the server lets it expire within its ttl (and a
+                # best-effort release is retried in the background).
+                hold.mark_lost(f"release failed ({exc}); it expires by its ttl")
+                raise
+        hold.count = 0
+        self._released = True
+        return held
+
+    def __del__(self) -> None:
+        hold = self._hold
+        if self._released or hold.done or hold.releasing is not None:
+            return  # released, lost, or a cancelled release finishing in the background
+        hold.count -= 1
+        if hold.count > 0:
+            return
+        try:
+            warnings.warn(
+                f"aiolock lease on {hold.claim.name!r} (token {hold.token}) was garbage "
+                "collected while held; releasing it. Release leases explicitly or use "
+                "'async with'.",
+                ResourceWarning,
+                stacklevel=1,
+            )
+            hold.session.release_collected(hold)
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else "lost" if self._hold.lost_reason else "held"
+        return f"<Lease {self.name!r} token={self.token} {state}>"

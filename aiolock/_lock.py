@@ -1,0 +1,345 @@
+"""Acquiring: the whole waiting, retrying, deadline and cancellation logic of every lock.
+
+``Lock.acquire`` in short:
+
+1. Same-task checks: a task that holds the lock re-enters it (``reentrant=True``) or
+   gets :class:`LockError` at once instead of deadlocking.
+2. Fast path: one ``try_acquire`` when no other local task is already waiting.
+3. Slow path: local waiters of one name queue in-process (FIFO); only the head of the
+   queue listens for release signals and asks the server, so a release wakes one local
+   waiter, not all. With ``fair=True`` every waiter takes its own place in the server's
+   queue instead and is woken by name. Each wait is bounded by the backend's
+   ``retry_after`` (the holder's remaining lease), so a missed signal costs at most one
+   lease length, and by the caller's deadline.
+4. Cancellation safety: every claim has a unique owner id. If anything interrupts an
+   attempt that may have reached the server (cancellation, a dropped connection), the
+   claim is abandoned on the server -- released if it was granted, removed from the
+   queue, and barred from being granted late -- and for a cancellation this finishes
+   before ``CancelledError`` propagates.
+
+``async with lock as lease`` additionally ties the lease to the block: when the lease is
+lost the body is cancelled (``on_lost="cancel"``), left running (``"raise"``) or a
+callable is called, and the block raises :class:`LockLost` on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+import weakref
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final
+
+from ._lease import Lease, _Hold
+from ._validate import check_on_lost, check_seconds, check_ttl
+from ._waiter import LocalWaiter
+from .abc import Busy, Claim, Granted, Kind
+from .errors import LockError, LockLost, LockTimeout
+
+if TYPE_CHECKING:
+    from ._locks import Locks, _Local
+
+__all__ = ["Lock"]
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "<the lock's timeout>"
+
+
+_DEFAULT: Final = _Default()
+_EXCLUSIVE = (Kind.LOCK, Kind.WRITE)
+
+
+class Lock:
+    """A named distributed lock (or one side of a read-write lock, or a semaphore).
+
+    Made by :meth:`aiolock.Locks.lock`; cheap to create and safe to share between tasks.
+    ``async with lock as lease:`` acquires (waiting up to the lock's ``timeout``) and
+    releases; :meth:`acquire` gives a :class:`Lease` to release yourself.
+    """
+
+    def __init__(
+        self, locks: Locks, name: str, kind: Kind = Kind.LOCK, *, ttl: float = 30.0,
+        timeout: float | None = None, watchdog: bool = True, reentrant: bool = False,
+        fair: bool = False, on_lost: str | Callable[[Lease], object] = "cancel", limit: int = 1,
+    ) -> None:
+        self._locks = locks
+        self.name = name
+        self.kind = kind
+        self.ttl = check_ttl(ttl)
+        self.timeout = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
+        self.watchdog = bool(watchdog)
+        self.reentrant = bool(reentrant)
+        self.fair = bool(fair)
+        self.on_lost = check_on_lost(on_lost)
+        self.limit = limit
+        self._key = (kind.family, name)
+        self._guards: dict[asyncio.Task[Any], list[_Guard]] = {}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} kind={self.kind.value} ttl={self.ttl}>"
+
+    # -- public API ----------------------------------------------------------------------
+
+    async def locked(self) -> bool:
+        """Whether anyone (any process) holds it now."""
+        return (await self._locks.backend.inspect(self.name, self.kind)).held
+
+    async def acquire(self, timeout: float | _Default | None = _DEFAULT) -> Lease:
+        """Wait for the lock and return its :class:`Lease`.
+
+        ``timeout``: seconds to wait (``None`` forever, ``0`` a single try); defaults to
+        the lock's own ``timeout``. Raises :class:`LockTimeout` when it passes.
+        """
+        if isinstance(timeout, _Default):
+            wait = self.timeout
+        else:
+            wait = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
+        locks = self._locks
+        locks.check_open()
+        task = asyncio.current_task()
+        if self.kind is not Kind.PERMIT and task is not None:
+            mine = locks.held_by(self._key, task)
+            if mine is not None:
+                return self._reenter(mine)
+        claim = Claim(
+            self.name, self.kind, uuid.uuid4().hex, round(self.ttl * 1000), self.fair, self.limit
+        )
+        deadline = None if wait is None else time.monotonic() + wait
+        local = locks.local(self._key)
+        local.users += 1
+        try:
+            if not self.fair and local.idle(self.kind):
+                local.trying += 1
+                try:
+                    result, sent = await self._attempt(claim, deadline if wait else None, wait)
+                finally:
+                    local.trying -= 1
+                if isinstance(result, Granted):
+                    return self._grant(claim, result, sent, task)
+                if wait == 0:
+                    raise self._timeout_error(wait)
+            elif wait == 0 and self.kind in _EXCLUSIVE and local.holds:
+                raise self._timeout_error(wait)  # held by another task here: no need to ask
+            return await self._wait(claim, deadline, local, task, wait)
+        finally:
+            local.users -= 1
+            locks.tidy(self._key)
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def _reenter(self, hold: _Hold) -> Lease:
+        if not self.reentrant or hold.claim.kind is not self.kind:
+            what = "holds" if hold.claim.kind is self.kind else f"holds the {hold.claim.kind.value} side of"
+            raise LockError(
+                f"this task already {what} {self.name!r}; acquiring it again would deadlock "
+                "(pass reentrant=True to re-enter a lock the task holds)"
+            )
+        if hold.is_lost():
+            raise LockLost(f"lease on {self.name!r} is lost: {hold.lost_reason}")
+        hold.count += 1
+        return Lease(hold)
+
+    async def _attempt(
+        self, claim: Claim, deadline: float | None = None, wait: float | None = None
+    ) -> tuple[Granted | Busy, float]:
+        """One ``try_acquire``, bounded by ``deadline``; abandons the claim if it is
+        interrupted mid-flight (the request may have reached the server)."""
+        locks = self._locks
+        sent = time.monotonic()
+        try:
+            if deadline is None:
+                return await locks.backend.try_acquire(claim), sent
+            async with asyncio.timeout(max(deadline - sent, 0.0)) as scope:
+                return await locks.backend.try_acquire(claim), sent
+        except asyncio.CancelledError:
+            await locks.uninterruptible(locks.abandon(claim))
+            raise
+        except TimeoutError:
+            locks.spawn(locks.abandon(claim))
+            if deadline is not None and scope.expired():
+                raise self._timeout_error(wait) from None
+            raise
+        except BaseException:
+            locks.spawn(locks.abandon(claim))
+            raise
+
+    def _grant(
+        self, claim: Claim, granted: Granted, sent: float, task: asyncio.Task[Any] | None
+    ) -> Lease:
+        # granted.ttl_ms may be less than asked (a repeated request): it bounds this
+        # expiry only; renewals keep asking for the claim's own ttl
+        if self._locks.closed:
+            self._locks.spawn(self._locks.abandon(claim))
+            raise LockError(f"this connection to {self._locks.url} was closed")
+        hold = _Hold(
+            self._locks, claim, granted.token, sent + granted.ttl_ms / 1000, self.watchdog,
+            task if self.kind is not Kind.PERMIT else None,
+        )
+        self._locks.adopt(hold, self._key)
+        lease = Lease(hold)
+        if callable(self.on_lost):
+            on_lost = self.on_lost
+            ref = weakref.ref(lease)
+
+            def call_on_lost() -> None:
+                alive = ref()
+                if alive is not None and hold.lost_reason is not None:
+                    on_lost(alive)
+
+            hold.callbacks.append(call_on_lost)
+        return lease
+
+    async def _wait(
+        self, claim: Claim, deadline: float | None, local: _Local, task: asyncio.Task[Any] | None,
+        wait: float | None,
+    ) -> Lease:
+        if self.fair:
+            return await self._contend(claim, deadline, local, task, wait)
+        # Queue behind the other local waiters of this name; only the head contends.
+        try:
+            if deadline is None:
+                await local.turn.acquire()
+            else:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await local.turn.acquire()
+        except TimeoutError:
+            raise self._timeout_error(wait) from None
+        try:
+            return await self._contend(claim, deadline, local, task, wait)
+        finally:
+            local.turn.release()
+
+    async def _contend(
+        self, claim: Claim, deadline: float | None, local: _Local, task: asyncio.Task[Any] | None,
+        wait: float | None,
+    ) -> Lease:
+        locks = self._locks
+        backend = locks.backend
+        waiter = LocalWaiter(claim)
+        if not self.fair:
+            local.head = waiter
+        queued = False  # a fair claim may sit in the server's queue: abandon it on failure
+        try:
+            if wait == 0:  # one try, nothing to wait for (a fair claim may reach here)
+                queued = self.fair or self.kind is Kind.WRITE
+                result, sent = await self._attempt(claim, None, wait)
+                if isinstance(result, Granted):
+                    queued = False
+                    return self._grant(claim, result, sent, task)
+                raise self._timeout_error(wait)
+            if deadline is None:
+                await backend.listen(self.name, self.kind, waiter)
+            else:
+                try:
+                    async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                        await backend.listen(self.name, self.kind, waiter)
+                except TimeoutError:
+                    raise self._timeout_error(wait) from None
+            # Held by another task of this process: its release wakes us directly, so
+            # the first attempt can wait for that. After any wake-up, always ask.
+            skip = self.kind in _EXCLUSIVE and not self.fair and local.holders > 0
+            while True:
+                locks.check_open()
+                if skip:
+                    skip = False
+                    retry_after = local.retry_after()
+                else:
+                    # a fair claim, or a waiting writer, keeps a place on the server
+                    queued = self.fair or self.kind is Kind.WRITE
+                    result, sent = await self._attempt(claim, deadline, wait)
+                    if isinstance(result, Granted):
+                        queued = False
+                        return self._grant(claim, result, sent, task)
+                    retry_after = result.retry_after
+                if deadline is None:
+                    await waiter.wait(retry_after)
+                else:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise self._timeout_error(wait)
+                    await waiter.wait(min(retry_after, left))
+        except BaseException:
+            if queued:
+                await locks.uninterruptible(locks.abandon(claim))
+            raise
+        finally:
+            if local.head is waiter:
+                local.head = None
+            backend.unlisten(self.name, self.kind, waiter)  # harmless if never listening
+
+    def _timeout_error(self, wait: float | None) -> LockTimeout:
+        return LockTimeout(f"could not acquire {self.name!r} within {wait} s")
+
+    # -- async with ----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Lease:
+        lease = await self.acquire()
+        task = asyncio.current_task()
+        assert task is not None
+        guard = _Guard(lease, task, self.on_lost)
+        self._guards.setdefault(task, []).append(guard)
+        return lease
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        stack = self._guards[task]
+        guard = stack.pop()
+        if not stack:
+            del self._guards[task]
+        guard.armed = False
+        lease = guard.lease
+        try:
+            held = await lease._release()
+        except asyncio.CancelledError as cancel:
+            if guard.cancelled and task.uncancel() == 0:
+                raise guard.lost_error() from cancel
+            raise
+        if guard.cancelled:
+            # We cancelled the body: undo our cancel. If nobody else cancelled the task,
+            # the block ends in LockLost; if someone did, their CancelledError goes on.
+            if task.uncancel() > 0 and exc_type is asyncio.CancelledError:
+                return
+            raise guard.lost_error() from exc
+        if exc_type is asyncio.CancelledError:
+            return  # cancelled from outside: that wins over a loss found at release
+        if not held or lease._hold.lost_reason is not None:
+            raise guard.lost_error() from exc
+
+
+class _Guard:
+    """Ties a lease to the ``async with`` block that holds it (like ``asyncio.timeout``)."""
+
+    __slots__ = ("armed", "cancelled", "lease", "task")
+
+    def __init__(self, lease: Lease, task: asyncio.Task[Any], on_lost: object) -> None:
+        self.lease = lease
+        self.task = task
+        self.armed = True
+        self.cancelled = False
+        if on_lost == "cancel":
+            lease._hold.callbacks.append(self._on_lost)
+            if lease.lost:  # lost between acquire and here
+                self._on_lost()
+
+    def _on_lost(self) -> None:
+        # Like asyncio.timeout: cancel from the loop, never from inside the task itself
+        # (a loss found by ``lease.lost`` in the body), and only while still in the block.
+        asyncio.get_running_loop().call_soon(self._cancel)
+
+    def _cancel(self) -> None:
+        if self.armed and not self.cancelled and self.lease._hold.lost_reason is not None:
+            self.cancelled = True
+            self.task.cancel(msg=f"aiolock: lease on {self.lease.name!r} was lost")
+
+    def lost_error(self) -> LockLost:
+        hold = self.lease._hold
+        reason = hold.lost_reason or "the server no longer had it at release"
+        return LockLost(f"lease on {hold.claim.name!r} (token {hold.token}) was lost: {reason}")

@@ -1,0 +1,62 @@
+"""Argument checks shared by every entry point; each error says what is accepted."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+MAX_NAME_LENGTH = 512
+ON_LOST_CHOICES = ("cancel", "raise")
+
+
+def check_name(name: object) -> str:
+    """A lock name: any non-empty ``str`` of at most 512 characters."""
+    if not isinstance(name, str):
+        raise ValueError(
+            f"lock name must be a str of 1 to {MAX_NAME_LENGTH} characters, "
+            f"got {type(name).__name__}"
+        )
+    if not 1 <= len(name) <= MAX_NAME_LENGTH:
+        raise ValueError(
+            f"lock name must be 1 to {MAX_NAME_LENGTH} characters long, got {len(name)}"
+        )
+    return name
+
+
+def check_seconds(what: str, value: object, *, allow_none: bool, allow_zero: bool) -> float | None:
+    """A finite duration in seconds (``None`` meaning 'forever' where allowed)."""
+    if value is None and allow_none:
+        return None
+    accepted = "a number of seconds " + (">= 0" if allow_zero else "> 0")
+    if allow_none:
+        accepted += " or None"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be {accepted}, got {value!r}")
+    seconds = float(value)
+    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ValueError(f"{what} must be {accepted}, got {value!r}")
+    return seconds
+
+
+def check_ttl(ttl: object) -> float:
+    """A lease length: seconds > 0, at least 1 ms."""
+    seconds = check_seconds("ttl", ttl, allow_none=False, allow_zero=False)
+    assert seconds is not None
+    if seconds < 0.001:
+        raise ValueError(f"ttl must be a number of seconds >= 0.001, got {ttl!r}")
+    return seconds
+
+
+def check_on_lost(on_lost: object) -> str | Callable[[Any], object]:
+    """``"cancel"``, ``"raise"`` or a callable taking the lost lease."""
+    if callable(on_lost) or on_lost in ON_LOST_CHOICES:
+        return on_lost
+    raise ValueError(f"on_lost must be 'cancel', 'raise' or a callable(lease), got {on_lost!r}")
+
+
+def check_limit(limit: object) -> int:
+    """A semaphore size: an int >= 1."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"semaphore limit must be an int >= 1, got {limit!r}")
+    return limit

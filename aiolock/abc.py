@@ -1,0 +1,191 @@
+"""What a backend is: a few single-attempt primitives, and the capabilities it declares.
+
+A backend never waits and never retries: the core (:mod:`aiolock._lock`,
+:mod:`aiolock._watchdog`) does all waiting, retrying, deadlines and cancellation. A
+backend answers one request at a time:
+
+* :meth:`Backend.try_acquire` -- take the resource for one :class:`Claim`, or say it is
+  busy and for how long the current holder's lease still runs;
+* :meth:`Backend.renew` -- extend many held claims in one request (the watchdog batches);
+* :meth:`Backend.release` -- give a claim back; true only if the server confirmed;
+* :meth:`Backend.abandon` -- forget a claim that may or may not have been granted
+  (used when an acquire is cancelled or fails mid-flight); idempotent, never raises
+  for "not held";
+* :meth:`Backend.listen` / :meth:`Backend.unlisten` -- deliver release signals for a
+  name to a :class:`Waiter` (pub/sub, watches). A release made through this backend
+  object has already woken the next local waiter (the core does that), so the backend
+  may skip signalling its own releases to non-fair waiters;
+* :meth:`Backend.inspect` -- who holds it, its token, time left.
+
+Every claim carries an ``owner`` id unique to that acquisition, so every primitive is
+safe to repeat: releasing or abandoning twice, or after the lease expired, does no harm.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+__all__ = [
+    "Backend",
+    "Busy",
+    "Capability",
+    "Claim",
+    "Granted",
+    "Kind",
+    "LockInfo",
+    "Waiter",
+]
+
+
+class Capability(enum.Enum):
+    """Features a backend may offer; the contract tests skip what a backend lacks."""
+
+    #: ``fair=True``: first come, first served across processes.
+    FAIR = "fair"
+    #: ``rwlock()``: shared readers, exclusive writers that are not starved.
+    RWLOCK = "rwlock"
+    #: ``semaphore()``: up to ``limit`` holders, each with an expiring permit.
+    SEMAPHORE = "semaphore"
+    #: Waiters are woken by a release signal rather than by polling alone.
+    EVENTS = "events"
+    #: Leases expire on the server when their owner stops renewing (crash safety).
+    EXPIRY = "expiry"
+    #: Several processes (and hosts) share the lock.
+    DISTRIBUTED = "distributed"
+
+
+class Kind(enum.Enum):
+    """What a claim asks for."""
+
+    LOCK = "lock"  #: exclusive mutex
+    READ = "read"  #: shared side of a read-write lock
+    WRITE = "write"  #: exclusive side of a read-write lock
+    PERMIT = "permit"  #: one of ``limit`` semaphore permits
+
+    @property
+    def family(self) -> str:
+        """Claims of one family on one name contend with each other."""
+        return _FAMILY[self]
+
+
+_FAMILY = {Kind.LOCK: "lock", Kind.READ: "rw", Kind.WRITE: "rw", Kind.PERMIT: "sem"}
+
+
+@dataclass(slots=True, eq=False)
+class Claim:
+    """One acquisition of ``name``: what the core asks a backend for.
+
+    ``owner`` is a fresh random id per acquisition, so it identifies this claim on the
+    server (and any orphan a cancellation may leave). ``ttl_ms`` may change through
+    :meth:`aiolock.Lease.extend`.
+    """
+
+    name: str
+    kind: Kind
+    owner: str
+    ttl_ms: int
+    fair: bool = False
+    limit: int = 1
+    #: backend-private state (e.g. a ZooKeeper node path); the core never reads it
+    state: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class Granted:
+    """The server granted the claim: fencing ``token`` and lease length ``ttl_ms``."""
+
+    token: int
+    ttl_ms: int
+
+
+@dataclass(slots=True, frozen=True)
+class Busy:
+    """The claim was not granted now.
+
+    ``retry_after`` (seconds) bounds how long to wait for a release signal before trying
+    again: the current holder's remaining lease, or how soon a fair waiter must refresh
+    its place in the queue.
+    """
+
+    retry_after: float
+
+
+@dataclass(slots=True, frozen=True)
+class LockInfo:
+    """What :meth:`Backend.inspect` reports about a name."""
+
+    name: str
+    held: bool
+    holders: int = 0
+    token: int | None = None  #: the current holder's token (exclusive kinds)
+    last_token: int | None = None  #: the highest token ever given for this name
+    ttl_left: float | None = None  #: seconds until the current lease expires
+    waiters: int = 0
+
+
+class Waiter(Protocol):
+    """A waiting claim; a backend calls :meth:`wake` when its resource may be free."""
+
+    claim: Claim
+
+    def wake(self, hint: str | None = None) -> None:
+        """Signal a (possible) release; ``hint`` is the owner id of the next fair waiter."""
+
+
+class Backend(abc.ABC):
+    """A lock server driver: single-attempt primitives only (see the module doc)."""
+
+    #: URL schemes this backend serves, e.g. ``("redis", "rediss", "unix")``.
+    schemes: ClassVar[tuple[str, ...]] = ()
+    #: What this backend offers; see :class:`Capability`.
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    #: True if requests made through this object reach the server in the order they
+    #: were made (one pipelined connection). The core then wakes the next local waiter
+    #: as soon as a release is *sent*: its acquire queues right behind the release.
+    ordered: bool = False
+
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """A printable URL of the server (no password)."""
+
+    async def connect(self) -> None:  # noqa: B027 -- optional hook
+        """Open connections eagerly; raise :class:`BackendUnavailable` if unreachable."""
+
+    @abc.abstractmethod
+    async def try_acquire(self, claim: Claim) -> Granted | Busy:
+        """One attempt to take ``claim``. Repeating it for a granted claim re-grants it."""
+
+    @abc.abstractmethod
+    async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
+        """Extend each claim by its ``ttl_ms``; per claim, the ms granted or None if gone."""
+
+    @abc.abstractmethod
+    async def release(self, claim: Claim) -> bool:
+        """Give ``claim`` back; True if it was held and is now released."""
+
+    @abc.abstractmethod
+    async def abandon(self, claim: Claim) -> None:
+        """Drop ``claim`` whatever its state: release if held, leave any wait queue, and
+        make sure a request for it still in flight cannot grant it later."""
+
+    async def listen(self, name: str, kind: Kind, waiter: Waiter) -> None:  # noqa: B027
+        """Start delivering release signals for ``name`` to ``waiter``.
+
+        Returns once signals are flowing, so a release after this call is never missed.
+        """
+
+    def unlisten(self, name: str, kind: Kind, waiter: Waiter) -> None:  # noqa: B027
+        """Stop delivering signals to ``waiter``."""
+
+    @abc.abstractmethod
+    async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
+        """Report who holds ``name`` now."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Close connections this backend opened (not a client the user passed in)."""

@@ -1,0 +1,1 @@
+"""Backend drivers. Each module imports its client library lazily (on first use)."""

@@ -1,0 +1,212 @@
+"""One pipelined connection shared by many callers: the transport of the Redis and
+Memcached backends (their parsers live in ``_resp.py`` and ``_mc_proto.py``).
+
+A request is written at once and its replies are matched in order (both servers answer
+one connection in order), so concurrent acquires, releases and renewals pipeline
+without a pool, and commands written earlier on a connection are processed before
+commands written later (the core's early wake-up relies on it, see
+``Backend.ordered``). A caller that is cancelled simply stops waiting: its replies are
+still read and dropped in turn, so a cancellation never makes another caller read the
+wrong reply.
+
+Every request is bounded: if the oldest unanswered request is older than the request
+timeout, the connection is aborted and every pending request fails with
+:class:`TimeoutError`; a dropped connection fails them with :class:`ConnectionError`.
+The next call reconnects within the connect timeout. A request written on a connection
+that turns out dead is sent once more on a fresh one (callers make their requests safe
+to repeat, and may ask to be told, see ``on_retry``); a timed-out one is never retried.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import collections
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+__all__ = ["PipelinedClient", "PipelinedProtocol"]
+
+_generations = itertools.count(1)
+P = TypeVar("P", bound="PipelinedProtocol")
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    expected: int  # replies to collect
+    fut: asyncio.Future[list[Any]]
+    sent: float
+    replies: list[Any] = field(default_factory=list)
+
+
+class PipelinedProtocol(asyncio.Protocol):
+    """Requests out, replies back in order. A subclass parses ``data_received`` and
+    hands each reply to :meth:`deliver` (an exception instance fails its request)."""
+
+    #: the server's name in error messages
+    peer = "the server"
+
+    def __init__(self, timeout: float) -> None:
+        self.generation = next(_generations)
+        self._timeout = timeout
+        self._transport: asyncio.Transport | None = None
+        self._pending: collections.deque[_Request] = collections.deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self.closed: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def deliver(self, reply: Any) -> None:
+        """The next reply in order; raises ValueError if nobody asked for one."""
+        if not self._pending:
+            raise ValueError(f"{self.peer} sent a reply nobody asked for")
+        req = self._pending[0]
+        if isinstance(reply, BaseException):
+            self._pending.popleft()
+            if not req.fut.done():
+                req.fut.set_exception(reply)
+            return
+        req.replies.append(reply)
+        if len(req.replies) == req.expected:
+            self._pending.popleft()
+            if not req.fut.done():  # its caller was cancelled: drop the replies, stay in step
+                req.fut.set_result(req.replies)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(exc or ConnectionError(f"connection to {self.peer} closed"))
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.closed is None:
+            self.closed = exc if isinstance(exc, ConnectionError) else ConnectionError(str(exc))
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        timed_out = isinstance(exc, TimeoutError)
+        while self._pending:
+            req = self._pending.popleft()
+            if not req.fut.done():  # a timeout is not retried (see PipelinedClient.send)
+                req.fut.set_exception(
+                    TimeoutError(str(exc)) if timed_out
+                    else ConnectionError(f"connection to {self.peer} lost: {exc}")
+                )
+
+    def abort(self, exc: BaseException) -> None:
+        self._fail(exc)
+        if self._transport is not None:
+            self._transport.abort()
+
+    def send(
+        self, data: bytes, loop: asyncio.AbstractEventLoop, expected: int = 1
+    ) -> asyncio.Future[list[Any]]:
+        """Write ``data`` (holding ``expected`` commands) now; the future gets the replies."""
+        if self.closed is not None or self._transport is None:
+            raise ConnectionError(f"connection to {self.peer} is closed")
+        self._transport.write(data)
+        fut: asyncio.Future[list[Any]] = loop.create_future()
+        self._pending.append(_Request(expected, fut, time.monotonic()))
+        if self._timer is None:
+            self._timer = loop.call_later(self._timeout, self._check, loop)
+        return fut
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        if not self._pending:
+            return
+        late = time.monotonic() - self._pending[0].sent
+        if late >= self._timeout:
+            self.abort(TimeoutError(f"{self.peer} did not answer within {self._timeout} s"))
+        else:
+            self._timer = loop.call_later(self._timeout - late, self._check, loop)
+
+
+class PipelinedClient(abc.ABC, Generic[P]):
+    """Connects lazily (and again after a loss) and sends requests, pipelined."""
+
+    def __init__(self, *, connect_timeout: float = 5.0, request_timeout: float = 5.0) -> None:
+        self._connect_timeout = connect_timeout
+        self._request_timeout = request_timeout
+        self._proto: P | None = None
+        self._connecting: asyncio.Task[P] | None = None
+        self._closed = False
+
+    @abc.abstractmethod
+    async def _open(self, loop: asyncio.AbstractEventLoop) -> P:
+        """Open one connection and run its handshake (bounded by the caller)."""
+
+    @property
+    def generation(self) -> int | None:
+        """An id of the live connection (None if there is none). Commands sent on one
+        generation are processed in the order they were sent; a command sent on an older
+        generation may still be processed at any time relative to newer ones."""
+        proto = self._proto
+        return proto.generation if proto is not None and proto.closed is None else None
+
+    async def _connect(self) -> P:
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                return await self._open(asyncio.get_running_loop())
+        except TimeoutError as exc:
+            raise ConnectionError(
+                f"no connection within {self._connect_timeout} s"
+            ) from exc
+
+    async def _connection(self) -> P:
+        if self._closed:
+            raise ConnectionError("this connection was closed")
+        proto = self._proto
+        if proto is not None and proto.closed is None:
+            return proto
+        if self._connecting is None or self._connecting.done():
+            self._connecting = asyncio.ensure_future(self._connect())
+        try:
+            self._proto = await asyncio.shield(self._connecting)
+        finally:
+            if self._connecting is not None and self._connecting.done():
+                if not self._connecting.cancelled():
+                    self._connecting.exception()  # retrieved: no "never retrieved" warning
+                self._connecting = None
+        return self._proto
+
+    async def send(
+        self, data: bytes, expected: int = 1, *, retry: bool = True,
+        on_retry: Callable[[], object] | None = None, mark: dict[str, object] | None = None,
+    ) -> list[Any]:
+        """Send ``data`` (``expected`` commands) and return their replies in order.
+
+        A request written on a connection that turns out dead is sent once more on a
+        fresh one if ``retry``, calling ``on_retry`` first (the first try may or may not
+        have run). ``mark["gen"]`` gets the generation it was written on.
+        """
+        proto = self._proto
+        if proto is None or proto.closed is not None:
+            proto = await self._connection()
+        loop = asyncio.get_running_loop()
+        if mark is not None:
+            mark["gen"] = proto.generation
+        try:
+            return await proto.send(data, loop, expected)
+        except ConnectionError:
+            if self._proto is proto:
+                self._proto = None
+            if not retry:
+                raise
+            if on_retry is not None:
+                on_retry()
+            proto = await self._connection()
+            if mark is not None:
+                mark["gen"] = proto.generation
+            return await proto.send(data, loop, expected)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        proto, self._proto = self._proto, None
+        if proto is not None:
+            proto.abort(ConnectionError("closed by aiolock"))
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None and not connecting.done():
+            connecting.cancel()

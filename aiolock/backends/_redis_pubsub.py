@@ -1,0 +1,189 @@
+"""Release signals for the Redis backend: ONE pub/sub connection carries every channel.
+
+``RELEASE`` publishes on the lock's channel (payload: ``<releaser>|<next fair waiter>``).
+A release made by this process already woke its local waiter directly (see
+``aiolock._locks``), so its echo is dropped unless it names a fair waiter.
+:class:`Signals` subscribes to a channel when the first waiter of this
+backend listens to it, wakes that channel's waiters on each message, and keeps the
+subscription for :data:`IDLE_UNSUBSCRIBE` seconds after the last waiter left, so a lock
+handed from task to task does not resubscribe each time.
+
+A waiter only starts waiting once its subscription is confirmed, so a release after that
+is never missed while the connection is up. When the connection drops, every waiter is
+woken (to retry at once), the connection is re-established with backoff, and every
+waiter is woken again once its channel is confirmed anew; in between, waiters still
+retry at least once per holder's remaining lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+from ..abc import Waiter
+
+__all__ = ["IDLE_UNSUBSCRIBE", "Signals"]
+
+log = logging.getLogger("aiolock")
+
+#: Seconds a channel stays subscribed after its last waiter left.
+IDLE_UNSUBSCRIBE = 10.0
+
+
+class Signals:
+    """Routes pub/sub release messages to waiting claims."""
+
+    def __init__(self, client: Any, request_timeout: float) -> None:
+        self._client = client
+        self._timeout = request_timeout
+        self._pubsub: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._waiters: dict[str, set[Waiter]] = {}
+        self._confirmed: dict[str, asyncio.Future[None]] = {}
+        self._idle_since: dict[str, float] = {}
+        self._rewake: set[str] = set()
+        self._local_releases: set[str] = set()  # owner ids released by this process
+        self._background: set[asyncio.Future[None]] = set()
+        self._closed = False
+
+    async def listen(self, channel: str, waiter: Waiter) -> None:
+        waiters = self._waiters.get(channel)
+        if waiters is None:
+            waiters = self._waiters[channel] = set()
+        waiters.add(waiter)
+        self._idle_since.pop(channel, None)
+        confirmed = self._confirmed.get(channel)
+        if confirmed is None:
+            confirmed = self._confirmed[channel] = asyncio.get_running_loop().create_future()
+            # In the background: a waiter cancelled meanwhile must not stop the subscription.
+            self._spawn(self._subscribe(channel))
+        if not confirmed.done():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._timeout):
+                    await asyncio.shield(confirmed)
+
+    async def _subscribe(self, channel: str) -> None:
+        try:
+            if self._pubsub is None:
+                self._pubsub = self._client.pubsub()
+            await self._pubsub.subscribe(channel)
+        except Exception as exc:  # waiters still retry by their timers
+            log.warning("could not subscribe to %s: %s", channel, exc)
+            fut = self._confirmed.pop(channel, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+            return
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def note_local_release(self, channel: str, owner: str) -> bool:
+        """A release by this process is about to be sent: drop its echo when it comes."""
+        if channel not in self._confirmed:
+            return False  # not subscribed: no echo will come
+        if len(self._local_releases) > 10_000:  # echoes lost in a reconnect: forget them
+            self._local_releases.clear()
+        self._local_releases.add(owner)
+        return True
+
+    def forget_local_release(self, owner: str) -> None:
+        self._local_releases.discard(owner)
+
+    def unlisten(self, channel: str, waiter: Waiter) -> None:
+        waiters = self._waiters.get(channel)
+        if waiters is not None:
+            waiters.discard(waiter)
+            if not waiters:
+                del self._waiters[channel]
+                self._idle_since[channel] = time.monotonic()
+
+    def _wake_all(self) -> None:
+        for waiters in list(self._waiters.values()):
+            for waiter in list(waiters):
+                waiter.wake()
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while not self._closed and self._pubsub is not None:
+            try:
+                message = await self._pubsub.get_message(timeout=1.0)
+                backoff = 0.05
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("pub/sub connection lost (%s); reconnecting", exc)
+                loop = asyncio.get_running_loop()
+                for channel, old in list(self._confirmed.items()):
+                    # redis-py resubscribes on reconnect; that confirmation wakes them again
+                    if not old.done():
+                        old.set_result(None)  # its listeners go on, relying on timers
+                    self._confirmed[channel] = loop.create_future()
+                    self._rewake.add(channel)
+                self._wake_all()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+                continue
+            if message is None:
+                self._unsubscribe_idle()
+                continue
+            kind = message["type"]
+            channel = _text(message["channel"])
+            if kind == "message":
+                releaser, _, hint = _text(message["data"]).partition("|")
+                if releaser in self._local_releases:
+                    self._local_releases.discard(releaser)
+                    if not hint:
+                        continue  # the releasing task already woke the next local waiter
+                for waiter in list(self._waiters.get(channel, ())):
+                    waiter.wake(hint or None)
+            elif kind == "subscribe":
+                fut = self._confirmed.get(channel)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+                if channel in self._rewake:  # catch releases made while we were cut off
+                    self._rewake.discard(channel)
+                    for waiter in list(self._waiters.get(channel, ())):
+                        waiter.wake()
+
+    def _unsubscribe_idle(self) -> None:
+        now = time.monotonic()
+        idle = [c for c, since in self._idle_since.items() if now - since > IDLE_UNSUBSCRIBE]
+        for channel in idle:
+            del self._idle_since[channel]
+            self._confirmed.pop(channel, None)
+        if idle and self._pubsub is not None:
+            self._spawn(self._safe_unsubscribe(idle))
+
+    async def _safe_unsubscribe(self, channels: list[str]) -> None:
+        try:
+            await self._pubsub.unsubscribe(*channels)
+        except Exception as exc:
+            log.debug("unsubscribe failed: %s", exc)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for pending in list(self._background):
+            pending.cancel()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+        self._wake_all()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+

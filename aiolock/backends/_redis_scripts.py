@@ -1,0 +1,321 @@
+"""The Lua scripts of the Redis backend, one named constant each.
+
+All scripts of one lock take the same KEYS, built by ``RedisBackend._keys`` and sharing
+the hash tag ``{<escaped name>}`` so they live in one cluster slot:
+
+    KEYS[1]  lock hash        fields owner, token; expires with the lease (PEXPIRE)
+    KEYS[2]  token counter    INCR'ed per grant; never expires, so tokens never repeat
+    KEYS[3]  fair queue       list of waiting owner ids, in arrival order
+    KEYS[4]  fair deadlines   zset owner id -> server-clock ms after which the place lapses
+    KEYS[5]  tombstone        of one claim: set by an abandon, it bars a late grant
+
+Read-write locks and semaphores add two keys (``ACQUIRE_SHARED``, ``RELEASE_SHARED``):
+
+    KEYS[6]  holders          zset owner id -> lease expiry (server-clock ms): readers
+                              of a read-write lock, or semaphore permits
+    KEYS[7]  holder tokens    hash owner id -> fencing token
+
+and use KEYS[1] for the writer of a read-write lock. Their waiting queue (KEYS[3..4])
+holds waiting writers (so new readers let them go first) and fair permit waiters.
+
+Time-dependent logic uses the server clock (``TIME``, ``PEXPIRE``), never the client's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+__all__ = [
+    "ACQUIRE", "ACQUIRE_SHARED", "INSPECT", "INSPECT_SHARED", "RELEASE", "RELEASE_SHARED",
+    "RENEW", "Script",
+]
+
+
+class Script:
+    """A script's source and its SHA1 (run with EVALSHA; loaded again on NOSCRIPT)."""
+
+    __slots__ = ("name", "sha", "source")
+
+    def __init__(self, name: str, source: str) -> None:
+        self.name = name
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+
+#: Lua helpers prepended to the scripts that need them.
+_LIB = """
+local function server_now()  -- ms on the server's clock
+  local t = redis.call('time')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function queue_head(now)  -- first live waiter in KEYS[3..4]; lapsed places dropped
+  local head = redis.call('lindex', KEYS[3], 0)
+  while head do
+    local deadline = redis.call('zscore', KEYS[4], head)
+    if deadline and tonumber(deadline) > now then break end
+    redis.call('lpop', KEYS[3])
+    redis.call('zrem', KEYS[4], head)
+    head = redis.call('lindex', KEYS[3], 0)
+  end
+  return head
+end
+"""
+
+
+#: ACQUIRE -- grant the lock to one claim, or say how long to wait.
+#: KEYS     as in the module doc (all five)
+#: ARGV[1]  owner id of the claim       ARGV[2]  lease ttl, ms
+#: ARGV[3]  "1" for a fair claim        ARGV[4]  fair waiter ttl, ms (its place lapses
+#:          unless it comes back within that)
+#: returns  {1, token, ttl_ms}  granted (also if this owner already holds it)
+#:          {0, retry_ms}       busy: the holder's remaining ttl, or (fair) when to
+#:                              come back to keep one's place
+#:          {-1}                the claim was abandoned
+ACQUIRE = Script("acquire", _LIB + """
+if redis.call('exists', KEYS[5]) == 1 then return {-1} end
+local holder = redis.call('hget', KEYS[1], 'owner')
+if holder == ARGV[1] then
+  return {1, tonumber(redis.call('hget', KEYS[1], 'token')), redis.call('pttl', KEYS[1])}
+end
+local fair = ARGV[3] == '1'
+local now = 0
+local head = false
+if fair then
+  now = server_now()
+  head = queue_head(now)
+end
+if not holder and (not head or head == ARGV[1]) then
+  if head then
+    redis.call('lpop', KEYS[3])
+    redis.call('zrem', KEYS[4], head)
+  end
+  local token = redis.call('incr', KEYS[2])
+  redis.call('hset', KEYS[1], 'owner', ARGV[1], 'token', token)
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return {1, token, tonumber(ARGV[2])}
+end
+local retry = 0
+if holder then
+  retry = redis.call('pttl', KEYS[1])
+  if retry < 1 then retry = 1 end  -- expiring now (or no expiry): look again at once
+end
+if fair then
+  local wttl = tonumber(ARGV[4])
+  if not redis.call('zscore', KEYS[4], ARGV[1]) then redis.call('rpush', KEYS[3], ARGV[1]) end
+  redis.call('zadd', KEYS[4], now + wttl, ARGV[1])
+  for i = 3, 4 do
+    if redis.call('pttl', KEYS[i]) < 2 * wttl then redis.call('pexpire', KEYS[i], 2 * wttl) end
+  end
+  if not holder then
+    retry = tonumber(redis.call('zscore', KEYS[4], head)) - now
+  end
+  local refresh = math.floor(wttl / 3)
+  if retry <= 0 or retry > refresh then retry = refresh end
+end
+return {0, retry}
+""")
+
+#: RELEASE -- give the lock back if this owner holds it; wake the next waiter.
+#: KEYS     as in the module doc (KEYS[2] unused)
+#: ARGV[1]  owner id     ARGV[2]  pub/sub channel of the lock
+#: ARGV[3]  "1" to abandon: also leave the fair queue and set the tombstone, which
+#:          lives ARGV[4] ms, so an ACQUIRE of this claim still in flight cannot grant
+#: publishes ``<releasing owner id>|<owner id of the next fair waiter, or ''>`` when the
+#:          lock was freed (or the head of the fair queue left)
+#: returns  1 if this owner held the lock (now released), else 0
+RELEASE = Script("release", """
+local released = 0
+local wake = false
+if redis.call('hget', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('del', KEYS[1])
+  released = 1
+  wake = true
+end
+if ARGV[3] == '1' then
+  redis.call('set', KEYS[5], '1', 'PX', ARGV[4])
+  if redis.call('zrem', KEYS[4], ARGV[1]) == 1 then
+    if redis.call('lindex', KEYS[3], 0) == ARGV[1] then wake = true end
+    redis.call('lrem', KEYS[3], 1, ARGV[1])
+  end
+end
+if wake then
+  redis.call('publish', ARGV[2], ARGV[1] .. '|' .. (redis.call('lindex', KEYS[3], 0) or ''))
+end
+return released
+""")
+
+#: RENEW -- extend many held claims in one call (the watchdog's batch).
+#: KEYS[2i-1]   claim i's key: its lock hash (mode 'h') or holders zset (mode 'z')
+#: KEYS[2i]     claim i's second key: unused for 'h'; the holder tokens hash for 'z'
+#: ARGV[3i-2]   mode of claim i ('h' or 'z')   ARGV[3i-1]  its owner id
+#: ARGV[3i]     its ttl, ms
+#: returns      per claim, the ttl granted in ms, or 0 if it no longer holds
+RENEW = Script("renew", _LIB + """
+local now = server_now()
+local out = {}
+for i = 1, #KEYS / 2 do
+  local key = KEYS[2 * i - 1]
+  local owner = ARGV[3 * i - 1]
+  local ttl = tonumber(ARGV[3 * i])
+  out[i] = 0
+  if ARGV[3 * i - 2] == 'h' then
+    if redis.call('hget', key, 'owner') == owner then
+      redis.call('pexpire', key, ttl)
+      out[i] = ttl
+    end
+  else
+    local expiry = redis.call('zscore', key, owner)
+    if expiry and tonumber(expiry) > now then
+      redis.call('zadd', key, now + ttl, owner)
+      for _, k in ipairs({key, KEYS[2 * i]}) do
+        if redis.call('pttl', k) < ttl then redis.call('pexpire', k, ttl) end
+      end
+      out[i] = ttl
+    end
+  end
+end
+return out
+""")
+
+#: INSPECT -- who holds the lock now.
+#: KEYS     as in the module doc (KEYS[1..3])
+#: returns  {owner or '', token or -1, pttl ms (negative if not held),
+#:           highest token ever given or -1, fair queue length}
+INSPECT = Script("inspect", """
+local owner = redis.call('hget', KEYS[1], 'owner') or ''
+local token = tonumber(redis.call('hget', KEYS[1], 'token') or '-1')
+local last = tonumber(redis.call('get', KEYS[2]) or '-1')
+return {owner, token, redis.call('pttl', KEYS[1]), last, redis.call('llen', KEYS[3])}
+""")
+
+#: ACQUIRE_SHARED -- grant a read lock, a write lock or a semaphore permit, or say how
+#:          long to wait. Writers are not starved: a waiting writer keeps a place in the
+#:          queue and new readers wait behind it; writers go first come, first served.
+#: KEYS     all seven (see the module doc)
+#: ARGV[1]  owner id   ARGV[2]  lease ttl, ms   ARGV[3]  "1" for a fair claim
+#: ARGV[4]  waiter ttl, ms   ARGV[5]  'r' read, 'w' write or 'p' permit
+#: ARGV[6]  permit limit (semaphores)
+#: returns  as ACQUIRE: {1, token, ttl_ms} | {0, retry_ms} | {-1}
+ACQUIRE_SHARED = Script("acquire_shared", _LIB + """
+if redis.call('exists', KEYS[5]) == 1 then return {-1} end
+local owner = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local kind = ARGV[5]
+local now = server_now()
+for _, o in ipairs(redis.call('zrangebyscore', KEYS[6], '-inf', now)) do
+  redis.call('zrem', KEYS[6], o)
+  redis.call('hdel', KEYS[7], o)
+end
+local head = queue_head(now)
+if kind == 'w' then
+  if redis.call('hget', KEYS[1], 'owner') == owner then
+    return {1, tonumber(redis.call('hget', KEYS[1], 'token')), redis.call('pttl', KEYS[1])}
+  end
+elseif redis.call('zscore', KEYS[6], owner) then
+  return {1, tonumber(redis.call('hget', KEYS[7], owner)), ttl}
+end
+local busy = false
+local retry = 0
+local writer = redis.call('pttl', KEYS[1])
+local function head_left()
+  return tonumber(redis.call('zscore', KEYS[4], head)) - now
+end
+if kind == 'r' then
+  if writer ~= -2 then busy, retry = true, writer
+  elseif head then busy, retry = true, head_left() end
+elseif kind == 'w' then
+  local first = redis.call('zrange', KEYS[6], 0, 0, 'WITHSCORES')
+  if writer ~= -2 then busy, retry = true, writer
+  elseif first[2] then busy, retry = true, tonumber(first[2]) - now
+  elseif head and head ~= owner then busy, retry = true, head_left() end
+else
+  if ARGV[3] == '1' and head and head ~= owner then busy, retry = true, head_left()
+  elseif redis.call('zcard', KEYS[6]) >= tonumber(ARGV[6]) then
+    local first = redis.call('zrange', KEYS[6], 0, 0, 'WITHSCORES')
+    busy, retry = true, tonumber(first[2]) - now
+  end
+end
+if not busy then
+  if head == owner then
+    redis.call('lpop', KEYS[3])
+    redis.call('zrem', KEYS[4], owner)
+  end
+  local token = redis.call('incr', KEYS[2])
+  if kind == 'w' then
+    redis.call('hset', KEYS[1], 'owner', owner, 'token', token)
+    redis.call('pexpire', KEYS[1], ttl)
+  else
+    redis.call('zadd', KEYS[6], now + ttl, owner)
+    redis.call('hset', KEYS[7], owner, token)
+    for i = 6, 7 do
+      if redis.call('pttl', KEYS[i]) < ttl then redis.call('pexpire', KEYS[i], ttl) end
+    end
+  end
+  return {1, token, ttl}
+end
+if kind == 'w' or (kind == 'p' and ARGV[3] == '1') then
+  local wttl = tonumber(ARGV[4])
+  if not redis.call('zscore', KEYS[4], owner) then redis.call('rpush', KEYS[3], owner) end
+  redis.call('zadd', KEYS[4], now + wttl, owner)
+  for i = 3, 4 do
+    if redis.call('pttl', KEYS[i]) < 2 * wttl then redis.call('pexpire', KEYS[i], 2 * wttl) end
+  end
+  local refresh = math.floor(wttl / 3)
+  if retry > refresh then retry = refresh end
+end
+if retry < 1 then retry = 1 end
+return {0, retry}
+""")
+
+#: RELEASE_SHARED -- give back a read lock, a write lock or a permit; wake waiters.
+#: KEYS     all seven   ARGV[1..4] as RELEASE   ARGV[5] 'r', 'w' or 'p'
+#: publishes ``<owner>|<first queued owner or ''>`` when something was freed
+#: returns  1 if this owner held it (now released), else 0
+RELEASE_SHARED = Script("release_shared", _LIB + """
+local owner = ARGV[1]
+local released = 0
+local wake = false
+if ARGV[5] == 'w' then
+  if redis.call('hget', KEYS[1], 'owner') == owner then
+    redis.call('del', KEYS[1])
+    released = 1
+  end
+else
+  local expiry = redis.call('zscore', KEYS[6], owner)
+  if expiry then
+    redis.call('zrem', KEYS[6], owner)
+    redis.call('hdel', KEYS[7], owner)
+    if tonumber(expiry) > server_now() then
+      released = 1
+    end
+  end
+end
+wake = released == 1
+if ARGV[3] == '1' then
+  redis.call('set', KEYS[5], '1', 'PX', ARGV[4])
+  if redis.call('zrem', KEYS[4], owner) == 1 then
+    redis.call('lrem', KEYS[3], 1, owner)
+    wake = true
+  end
+end
+if wake then
+  redis.call('publish', ARGV[2], owner .. '|' .. (redis.call('lindex', KEYS[3], 0) or ''))
+end
+return released
+""")
+
+#: INSPECT_SHARED -- who holds a read-write lock or semaphore now.
+#: KEYS     all seven
+#: returns  {writer owner or '', writer token or -1, writer pttl, highest token or -1,
+#:           queue length, live shared holders, ms until the last shared lease ends}
+INSPECT_SHARED = Script("inspect_shared", _LIB + """
+local now = server_now()
+local owner = redis.call('hget', KEYS[1], 'owner') or ''
+local token = tonumber(redis.call('hget', KEYS[1], 'token') or '-1')
+local last = tonumber(redis.call('get', KEYS[2]) or '-1')
+local live = redis.call('zcount', KEYS[6], '(' .. now, '+inf')
+local lastend = redis.call('zrange', KEYS[6], -1, -1, 'WITHSCORES')
+local left = -1
+if lastend[2] and tonumber(lastend[2]) > now then left = tonumber(lastend[2]) - now end
+return {owner, token, redis.call('pttl', KEYS[1]), last, redis.call('llen', KEYS[3]), live, left}
+""")

@@ -1,0 +1,305 @@
+"""``redis://host:port/db``, ``rediss://...``, ``unix:///path.sock``: Redis or Valkey.
+
+One Lua script per primitive (see :mod:`aiolock.backends._redis_scripts`), run with
+EVALSHA and loaded again on NOSCRIPT; release signals over one pub/sub connection (see
+:mod:`aiolock.backends._redis_pubsub`). Built from a URL, the scripts run on one lean
+pipelined connection (:mod:`aiolock.backends._resp`) and pub/sub on ``redis.asyncio``;
+built from a ``redis.asyncio`` client you pass in, everything goes through that client.
+Keys are ``<prefix>:lock:{<name>}...`` where the name is escaped (``%``, ``{``, ``}``
+percent-encoded) so the braces form a cluster hash tag covering every key of one lock.
+
+Guarantees and limits: leases live on one Redis master. If it restarts without
+persistence, or fails over to a replica that missed the latest writes, a held lease can
+vanish: the watchdog then reports it lost at the next renewal, and the token counter
+(if it was lost too) could repeat tokens -- keep AOF on (``appendonly yes``) where
+fencing matters.
+
+Errors: connection failures and timeouts raise :class:`aiolock.BackendUnavailable`
+(the connect timeout and request timeout bound every call); other server errors raise
+:class:`aiolock.LockError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ClassVar
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis import exceptions as rexc
+from redis.asyncio.connection import SSLConnection, parse_url
+
+from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
+from ..errors import BackendUnavailable, LockError
+from ._redis_pubsub import Signals
+from ._redis_scripts import (
+    ACQUIRE,
+    ACQUIRE_SHARED,
+    INSPECT,
+    INSPECT_SHARED,
+    RELEASE,
+    RELEASE_SHARED,
+    RENEW,
+    Script,
+)
+from ._resp import RespClient, ResponseError
+
+__all__ = ["RedisBackend", "redis_key_part"]
+
+#: How long an abandoned claim stays barred from a late grant (ms), at least.
+TOMBSTONE_MS = 60_000
+
+
+def redis_key_part(name: str) -> str:
+    """Escape a lock name for use inside a ``{hash tag}``: no braces, reversible."""
+    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+class RedisBackend(Backend):
+    """Locks on one Redis (or Valkey) server.
+
+    Build it from a URL with :func:`aiolock.connect`, or from a ``redis.asyncio.Redis``
+    you already have: ``aiolock.connect(client)`` (that client is not closed for you).
+    """
+
+    schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss", "unix")
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
+         Capability.EXPIRY, Capability.DISTRIBUTED}
+    )
+
+    def __init__(
+        self, client: Any, *, prefix: str = "aiolock", request_timeout: float = 5.0,
+        url: str | None = None, owns_client: bool = False, resp: RespClient | None = None,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+            raise ValueError(f"prefix must be a non-empty str without braces, got {prefix!r}")
+        self._client = client
+        self._prefix = prefix
+        self._owns_client = owns_client
+        self._url = url or _client_url(client)
+        self._resp = resp
+        self.ordered = resp is not None  # one pipelined connection carries every script
+        self._connect_timeout = connect_timeout
+        self._call: Callable[..., Awaitable[Any]] = (
+            resp.call if resp is not None else client.execute_command
+        )
+        self.signals = Signals(client, request_timeout)
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, connect_timeout: float = 5.0, request_timeout: float = 5.0,
+        prefix: str = "aiolock", **redis_options: Any,
+    ) -> RedisBackend:
+        """``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS),
+        ``unix:///path/to/redis.sock?db=0``. Extra keyword arguments go to the
+        ``redis.asyncio`` client that carries pub/sub."""
+        for what, value in (("connect_timeout", connect_timeout), ("request_timeout", request_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{what} must be a number of seconds > 0, got {value!r}")
+        parts = urlsplit(url)
+        if parts.scheme in ("redis", "rediss"):
+            if not parts.hostname:
+                raise ValueError(f"expected redis://host:port/db, got {url!r}")
+            try:
+                parts.port  # noqa: B018 -- validates the port
+            except ValueError as exc:
+                raise ValueError(f"bad port in {url!r}: {exc}") from None
+            db = parts.path.strip("/")
+            if db and not db.isdigit():
+                raise ValueError(f"the database in {url!r} must be a number, got {db!r}")
+        elif not parts.path:
+            raise ValueError(f"expected unix:///path/to/redis.sock, got {url!r}")
+        try:
+            params = parse_url(url)
+        except ValueError as exc:
+            raise ValueError(f"bad Redis URL {url!r}: {exc}") from None
+        resp = RespClient(
+            host=params.get("host", "localhost"), port=int(params.get("port", 6379)),
+            path=params.get("path"), db=int(params.get("db", 0) or 0),
+            username=params.get("username"), password=params.get("password"),
+            ssl_context=(ssl.create_default_context()
+                         if params.get("connection_class") is SSLConnection else None),
+            connect_timeout=connect_timeout, request_timeout=request_timeout,
+        )
+        options: dict[str, Any] = dict(
+            socket_connect_timeout=connect_timeout, socket_timeout=request_timeout,
+        )
+        options.update(redis_options)
+        client = aioredis.Redis.from_url(url, **options)  # pub/sub only
+        safe = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+        return cls(client, prefix=prefix, request_timeout=request_timeout, url=safe,
+                   owns_client=True, resp=resp, connect_timeout=connect_timeout)
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def client(self) -> Any:
+        """The ``redis.asyncio`` client in use."""
+        return self._client
+
+    # -- keys -------------------------------------------------------------------------------
+
+    def _base(self, name: str, kind: Kind = Kind.LOCK) -> str:
+        return f"{self._prefix}:{kind.family}:{{{redis_key_part(name)}}}"
+
+    def _keys(self, name: str, owner: str, kind: Kind = Kind.LOCK) -> list[str]:
+        base = self._base(name, kind)
+        keys = [base, base + ":seq", base + ":q", base + ":qt", base + ":x:" + owner]
+        if kind is not Kind.LOCK:
+            keys += (base + ":h", base + ":ht")
+        return keys
+
+    # -- running scripts ------------------------------------------------------------------
+
+    async def _run(
+        self, script: Script, keys: Sequence[str], *args: Any,
+        on_retry: Callable[[], object] | None = None,
+    ) -> Any:
+        call = self._call
+        if on_retry is not None and self._resp is not None:
+            call = functools.partial(self._resp.call, on_retry=on_retry)
+        try:
+            try:
+                return await call("EVALSHA", script.sha, len(keys), *keys, *args)
+            except (ResponseError, rexc.NoScriptError) as exc:
+                if not str(exc).startswith("NOSCRIPT") and not isinstance(exc, rexc.NoScriptError):
+                    raise
+                await call("SCRIPT", "LOAD", script.source)
+                return await call("EVALSHA", script.sha, len(keys), *keys, *args)
+        except (ConnectionError, TimeoutError, OSError, rexc.ConnectionError, rexc.TimeoutError) as exc:
+            raise BackendUnavailable(
+                f"Redis at {self._url} is unavailable ({type(exc).__name__}: {exc})"
+            ) from exc
+        except (ResponseError, rexc.RedisError) as exc:
+            raise LockError(f"Redis at {self._url} refused {script.name}: {exc}") from exc
+
+    # -- primitives -------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                await self._call("PING")
+        except (ConnectionError, TimeoutError, OSError, rexc.ConnectionError, rexc.TimeoutError) as exc:
+            raise BackendUnavailable(
+                f"cannot reach Redis at {self._url} ({type(exc).__name__}: {exc})"
+            ) from exc
+
+    async def try_acquire(self, claim: Claim) -> Granted | Busy:
+        keys = self._keys(claim.name, claim.owner, claim.kind)
+        fair = "1" if claim.fair else "0"
+        if claim.kind is Kind.LOCK:
+            reply = await self._run(ACQUIRE, keys, claim.owner, claim.ttl_ms, fair, claim.ttl_ms)
+        else:
+            reply = await self._run(
+                ACQUIRE_SHARED, keys, claim.owner, claim.ttl_ms, fair, claim.ttl_ms,
+                _KIND[claim.kind], claim.limit,
+            )
+        if reply[0] == 1:
+            return Granted(int(reply[1]), int(reply[2]))
+        if reply[0] == -1:
+            raise LockError(f"claim on {claim.name!r} was abandoned")
+        return Busy(max(int(reply[1]), 1) / 1000)
+
+    async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
+        if not claims:
+            return []
+        keys: list[str] = []
+        args: list[Any] = []
+        for claim in claims:
+            base = self._base(claim.name, claim.kind)
+            if claim.kind in (Kind.LOCK, Kind.WRITE):
+                keys += (base, base)
+                args += ("h", claim.owner, claim.ttl_ms)
+            else:
+                keys += (base + ":h", base + ":ht")
+                args += ("z", claim.owner, claim.ttl_ms)
+        reply = await self._run(RENEW, keys, *args)
+        return [int(ms) or None for ms in reply]
+
+    async def release(self, claim: Claim) -> bool:
+        keys = self._keys(claim.name, claim.owner, claim.kind)
+        noted = self.signals.note_local_release(keys[0], claim.owner)
+        released = False
+        retried: list[bool] = []
+        try:
+            released = bool(await self._release(claim, keys, abandon=False,
+                                                on_retry=lambda: retried.append(True)))
+            # A retry after a dropped connection finds nothing if the first try already
+            # released it: that is a release, not a loss (a real expiry shows in
+            # Lease.lost from the client's own clock).
+            released = released or bool(retried)
+        finally:
+            if noted and not released:
+                self.signals.forget_local_release(claim.owner)  # nothing was published
+        return released
+
+    async def abandon(self, claim: Claim) -> None:
+        await self._release(claim, self._keys(claim.name, claim.owner, claim.kind), abandon=True)
+
+    async def _release(
+        self, claim: Claim, keys: list[str], *, abandon: bool,
+        on_retry: Callable[[], object] | None = None,
+    ) -> Any:
+        flag = "1" if abandon else "0"
+        tomb = max(TOMBSTONE_MS, 2 * claim.ttl_ms) if abandon else 0
+        if claim.kind is Kind.LOCK:
+            return await self._run(
+                RELEASE, keys, claim.owner, keys[0], flag, tomb, on_retry=on_retry
+            )
+        return await self._run(
+            RELEASE_SHARED, keys, claim.owner, keys[0], flag, tomb, _KIND[claim.kind],
+            on_retry=on_retry,
+        )
+
+    async def listen(self, name: str, kind: Kind, waiter: Waiter) -> None:
+        await self.signals.listen(self._base(name, kind), waiter)
+
+    def unlisten(self, name: str, kind: Kind, waiter: Waiter) -> None:
+        self.signals.unlisten(self._base(name, kind), waiter)
+
+    async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
+        keys = self._keys(name, "-", kind)
+        if kind is Kind.LOCK:
+            owner, token, pttl, last, queued = await self._run(INSPECT, keys)
+            shared, shared_left = 0, -1
+        else:
+            owner, token, pttl, last, queued, shared, shared_left = await self._run(
+                INSPECT_SHARED, keys
+            )
+        writer = bool(owner)
+        holders = int(writer) + int(shared)
+        lefts = [int(pttl)] if writer and int(pttl) >= 0 else []
+        if int(shared_left) >= 0:
+            lefts.append(int(shared_left))
+        return LockInfo(
+            name, holders > 0, holders=holders, token=int(token) if writer else None,
+            last_token=int(last) if int(last) >= 0 else None,
+            ttl_left=max(lefts) / 1000 if lefts else None, waiters=int(queued),
+        )
+
+    async def aclose(self) -> None:
+        await self.signals.aclose()
+        if self._resp is not None:
+            await self._resp.aclose()
+        if self._owns_client:
+            await self._client.aclose()
+
+
+_KIND = {Kind.READ: "r", Kind.WRITE: "w", Kind.PERMIT: "p"}
+
+
+def _client_url(client: Any) -> str:
+    try:
+        kwargs = client.connection_pool.connection_kwargs
+        if "path" in kwargs:
+            return f"unix://{kwargs['path']}"
+        return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+    except AttributeError:
+        return f"redis://<{type(client).__name__}>"

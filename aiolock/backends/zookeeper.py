@@ -1,0 +1,811 @@
+"""``zookeeper://host:port,host:port/chroot`` (also ``zk://``): ZooKeeper via ``aiozk``.
+
+Only ``aiozk.ZKClient``'s session is used; the recipes are our own (``aiozk``'s
+``recipes.Lock`` leaks znodes on cancellation, misses deletes after a reconnect and
+ignores session expiry).
+
+Layout: every claim is one ephemeral sequential znode
+``<chroot>/<escaped name>/<kind>-<owner>-<sequence>`` (kind ``lock``, ``read``,
+``write`` or ``permit``; ``owner`` is the claim's per-acquisition id, so a node whose
+create reply was lost -- a cancellation, a dropped connection -- is found again and
+deleted). The name is percent-encoded into one path component. The parent is a
+container node, removed by the server once empty.
+
+Recipes (FIFO by sequence number, so every lock is fair):
+
+* mutex and write side: granted when no earlier node of the family exists;
+* read side: granted when no earlier ``write-`` node exists (a waiting writer blocks later
+  readers, so writers are not starved);
+* semaphore (Curator's ``InterProcessSemaphoreV2`` idea): granted among the first
+  ``limit`` ``permit-`` nodes.
+
+A waiter watches only the nodes whose deletion can grant it (its predecessor; for a
+reader the last writer before it; for a permit the ``limit`` nodes before it), and still
+re-reads the children on a bounded timer and after every reconnect, so a missed watch
+cannot strand it. The fencing token is the holder znode's ``czxid`` (monotonic across
+the ensemble).
+
+Leases: a znode lives as long as its session, and also carries the lease's ``ttl``.
+Renewal rewrites the node's data (``setData``); a contender that sees a *holding* node
+unchanged for its whole ``ttl`` (measured on its own monotonic clock) deletes it with a
+version-conditional delete. So a holder that stopped renewing (crashed, stalled, or a
+process whose session lives on) frees the lock within ``ttl``, like the other backends;
+a holder whose process died frees it at the latest when its session expires. A renewal
+or grant is believed for ``min(ttl, session timeout)`` from the moment it was sent: the
+session cannot expire earlier than that, whatever the network does.
+
+Error handling:
+
+* connection **suspended** (no server reachable, session maybe alive): leases are *at
+  risk*; requests fail with :class:`aiolock.BackendUnavailable` after
+  ``request_timeout``, so renewals fail and every lease is lost at its last confirmed
+  expiry unless the connection comes back first. Waiters re-check after a reconnect.
+* session **lost/expired**: the server deleted every ephemeral node of the session, so
+  every lease of that session is lost (renewal reports them gone; ``async with`` bodies
+  are cancelled and raise :class:`aiolock.LockLost`). A new session is opened for new
+  acquisitions.
+* an unreachable ensemble raises :class:`BackendUnavailable` within ``connect_timeout``
+  (``aiozk`` itself would retry forever).
+
+What to set: ``session_timeout`` (seconds, default 20; the server clamps it to
+``[2, 20] x tickTime``). A lease is believed for at most ``session_timeout``, and the
+watchdog renews every ``ttl/3``: keep ``session_timeout`` above ``ttl/3`` (ideally about
+``ttl/2`` or more), and remember that a process killed while holding frees its locks
+after ``min(ttl, session_timeout)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+from urllib.parse import quote, urlsplit
+
+from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
+from ..errors import BackendUnavailable, LockError
+
+try:
+    import aiozk
+    from aiozk import exc as zkexc
+    from aiozk import protocol as zkproto
+    from aiozk.states import States
+except ImportError as _exc:  # pragma: no cover - reported by aiolock.connect()
+    raise ImportError(
+        "the zookeeper:// backend needs aiozk: pip install 'aiolock[zookeeper]'", name="aiozk"
+    ) from _exc
+
+__all__ = ["ZooKeeperBackend", "zk_name"]
+
+log = logging.getLogger("aiolock")
+
+#: How long an abandoned claim's owner id is remembered, to delete a late-created node.
+ABANDONED_KEEP = 120.0
+#: At most this long between re-checks of a waiting claim (a missed watch costs this).
+MAX_RECHECK = 5.0
+_SEQ_DIGITS = 10
+_KIND_PREFIX = {Kind.LOCK: "lock", Kind.READ: "read", Kind.WRITE: "write", Kind.PERMIT: "permit"}
+_PREFIX_KIND = {v: k for k, v in _KIND_PREFIX.items()}
+
+
+def zk_name(name: str) -> str:
+    """Escape a lock name (1..512 chars) into one valid znode name, reversibly.
+
+    Everything but ASCII letters, digits and ``_.~-`` is percent-encoded (UTF-8), so
+    ``/``, ``%``, control characters and unicode ranges ZooKeeper rejects never reach
+    it; a leading ``.`` is encoded too, so ``.`` and ``..`` are never produced.
+    """
+    escaped = quote(name, safe="")
+    if escaped.startswith("."):
+        escaped = "%2E" + escaped[1:]
+    return escaped
+
+
+@dataclass(slots=True, frozen=True)
+class _Node:
+    seq: int
+    kind: Kind
+    owner: str
+    name: str  # the znode's own name
+
+
+def _parse(child: str) -> _Node | None:
+    prefix, sep, rest = child.partition("-")
+    kind = _PREFIX_KIND.get(prefix)
+    if kind is None or not sep or len(rest) < _SEQ_DIGITS + 2 or rest[-_SEQ_DIGITS - 1] != "-":
+        return None
+    seq = rest[-_SEQ_DIGITS:]
+    if not seq.isdigit():
+        return None
+    return _Node(int(seq), kind, rest[: -_SEQ_DIGITS - 1], child)
+
+
+def _family_nodes(children: Sequence[str], kind: Kind) -> list[_Node]:
+    nodes = [n for n in map(_parse, children) if n is not None and n.kind.family == kind.family]
+    nodes.sort(key=lambda n: n.seq)
+    return nodes
+
+
+def _holders(nodes: list[_Node], limit: int) -> list[_Node]:
+    """The nodes in a granted position (the holders, or the ones about to notice)."""
+    if not nodes:
+        return []
+    family = nodes[0].kind.family
+    if family == "lock":
+        return nodes[:1]
+    if family == "sem":
+        return nodes[:limit]
+    if nodes[0].kind is Kind.WRITE:
+        return nodes[:1]
+    out = []
+    for node in nodes:
+        if node.kind is Kind.WRITE:
+            break
+        out.append(node)
+    return out
+
+
+def _watch_targets(nodes: list[_Node], index: int, claim: Claim) -> list[_Node]:
+    """The nodes whose deletion may grant the node at ``index`` (which is not granted)."""
+    if claim.kind is Kind.READ:
+        writers = [n for n in nodes[:index] if n.kind is Kind.WRITE]
+        return writers[-1:]
+    if claim.kind is Kind.PERMIT:
+        return nodes[max(0, index - claim.limit) : index]
+    return nodes[index - 1 : index]
+
+
+def _encode_data(claim: Claim) -> bytes:
+    return f"{claim.ttl_ms}:{claim.limit}".encode()
+
+
+def _decode_data(data: bytes | None) -> tuple[int, int]:
+    try:
+        ttl, _, limit = (data or b"").decode().partition(":")
+        return int(ttl), int(limit or 1)
+    except (UnicodeDecodeError, ValueError):
+        return 30_000, 1
+
+
+class ZooKeeperBackend(Backend):
+    """Locks on a ZooKeeper ensemble, over one ``aiozk`` session.
+
+    Build it from a URL with :func:`aiolock.connect` (``zookeeper://h1:2181,h2:2181/chroot``)
+    or pass an ``aiozk.ZKClient`` you already have (``ZooKeeperBackend(client=...)``; it is
+    started if needed and not closed for you). See the module doc for the recipes, the
+    lease model and what session timeout to set.
+    """
+
+    schemes: ClassVar[tuple[str, ...]] = ("zookeeper", "zk")
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
+         Capability.EXPIRY, Capability.DISTRIBUTED}
+    )
+
+    def __init__(
+        self, hosts: str | None = None, chroot: str = "/aiolock", *, client: Any = None,
+        session_timeout: float = 20.0, connect_timeout: float = 5.0,
+        request_timeout: float = 5.0,
+    ) -> None:
+        for what, value in (("session_timeout", session_timeout),
+                            ("connect_timeout", connect_timeout),
+                            ("request_timeout", request_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{what} must be a number of seconds > 0, got {value!r}")
+        self._chroot = _check_chroot(chroot)
+        if client is None:
+            if not hosts:
+                raise ValueError("give ZooKeeper hosts ('host:port,host:port') or an aiozk client")
+            _check_hosts(hosts)
+            client = aiozk.ZKClient(hosts, session_timeout=session_timeout)
+            self._owns_client = True
+        else:
+            self._owns_client = False
+            hosts = ",".join(f"{h}:{p}" for h, p in client.session.hosts)
+        self._client = client
+        self._hosts = hosts
+        self._connect_timeout = float(connect_timeout)
+        self._request_timeout = float(request_timeout)
+        self._started = False
+        self._start_lock = asyncio.Lock()
+        self._closed = False
+        self._sid: int | None = None  # the session our nodes belong to
+        self._monitor: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._waiters: dict[str, Waiter] = {}  # claim owner -> the waiter listening for it
+        self._watching: dict[str, set[str]] = {}  # znode path -> owners woken by its deletion
+        self._seen: dict[str, tuple[int, float]] = {}  # holder path -> (version, first seen)
+        self._abandoned: dict[str, tuple[str, str, float]] = {}  # owner -> (parent, prefix, until)
+        self._warned: set[int] = set()
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, session_timeout: float = 20.0, connect_timeout: float = 5.0,
+        request_timeout: float = 5.0,
+    ) -> ZooKeeperBackend:
+        """``zookeeper://host:port[,host:port...][/chroot]`` or ``zk://...``; the chroot
+        defaults to ``/aiolock``. The port defaults to 2181."""
+        parts = urlsplit(url)
+        if parts.scheme.lower() not in cls.schemes:
+            raise ValueError(f"expected zookeeper://host:port,host:port/chroot, got {url!r}")
+        if parts.query or parts.fragment or "@" in parts.netloc:
+            raise ValueError(
+                f"zookeeper URLs take no user, query or fragment: expected "
+                f"zookeeper://host:port,host:port/chroot, got {url!r}"
+            )
+        if not parts.netloc:
+            raise ValueError(f"expected zookeeper://host:port,host:port/chroot, got {url!r}")
+        hosts = ",".join(h if ":" in h.rpartition("]")[2] else f"{h}:2181"
+                         for h in parts.netloc.split(","))
+        chroot = parts.path if parts.path not in ("", "/") else "/aiolock"
+        return cls(hosts, chroot, session_timeout=session_timeout,
+                   connect_timeout=connect_timeout, request_timeout=request_timeout)
+
+    @property
+    def url(self) -> str:
+        return f"zookeeper://{self._hosts}{self._chroot}"
+
+    @property
+    def client(self) -> Any:
+        """The ``aiozk.ZKClient`` in use."""
+        return self._client
+
+    @property
+    def session_timeout(self) -> float:
+        """The session timeout the server granted (seconds)."""
+        return float(self._client.session.timeout)
+
+    # -- session ------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        await self._ready()
+
+    async def _ready(self) -> None:
+        if self._closed:
+            raise LockError(f"this connection to {self.url} is closed")
+        if self._started:
+            return
+        async with self._start_lock:
+            if self._started:
+                return
+            try:
+                async with asyncio.timeout(self._connect_timeout):
+                    await self._client.session.start()
+                    await self._ensure_path(self._chroot, container=False)
+            except (TimeoutError, OSError, zkexc.ZKError) as exc:
+                if self._owns_client:
+                    await self._teardown()
+                raise BackendUnavailable(
+                    f"cannot reach ZooKeeper at {self.url} within {self._connect_timeout} s "
+                    f"({type(exc).__name__}: {exc})"
+                ) from exc
+            self._sid = self._client.session.session_id
+            self._started = True
+            self._monitor = asyncio.get_running_loop().create_task(self._watch_session())
+            if self.session_timeout < 1.0:
+                log.warning("ZooKeeper session timeout is only %.1f s", self.session_timeout)
+
+    async def _teardown(self) -> None:
+        """Stop a client that never connected (``aiozk.close`` would wait for a server)."""
+        session = self._client.session
+        session.closing = True
+        for task in (session.repair_loop_task, session.heartbeat_task):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if session.heartbeat_handle is not None:
+            session.heartbeat_handle.cancel()
+            session.heartbeat_handle = None
+        if session.conn is not None:
+            with contextlib.suppress(Exception):
+                session.conn.abort()
+        session.started = False
+        session.closing = False
+
+    async def _watch_session(self) -> None:
+        """Follow the session: note suspension, detect expiry, re-check after reconnect."""
+        session = self._client.session
+        state = session.state
+        while not self._closed:
+            if state == States.CONNECTED:
+                await self._watch_connection()
+            await state.wait_for(States.SUSPENDED, States.LOST)
+            if self._closed:
+                return
+            log.warning("ZooKeeper connection to %s %s: held leases are at risk",
+                        self._hosts, state.current_state)
+            await state.wait_for(States.CONNECTED)
+            sid = session.session_id
+            if sid != self._sid:
+                log.warning("ZooKeeper session expired (%s -> %s): its leases are lost",
+                            _hex(self._sid), _hex(sid))
+                self._sid = sid
+                self._seen.clear()
+            self._sweep_abandoned()
+            for waiter in list(self._waiters.values()):  # never trust a watch across this
+                waiter.wake()
+
+    async def _watch_connection(self) -> None:
+        """Return once the connection is no longer usable.
+
+        ``aiozk`` ends its read loop quietly when the server closes the connection (a
+        server killed or restarted) and only notices at its next failed heartbeat, up to
+        a session timeout later, while requests hang. Notice it at once instead: fail the
+        pending requests (``aiozk`` retries them after reconnecting) and suspend.
+        """
+        session = self._client.session
+        state = session.state
+        conn = session.conn
+        reader = getattr(conn, "read_loop_task", None)
+        suspended = state.wait_for(States.SUSPENDED, States.LOST)
+        try:
+            if reader is None:
+                await suspended
+                return
+            await asyncio.wait({reader, suspended}, return_when=asyncio.FIRST_COMPLETED)
+            moved_on = suspended.done()
+        finally:
+            if not suspended.done():
+                suspended.cancel()
+        if (reader.done() and not moved_on and session.conn is conn
+                and not session.closing and not self._closed and state == States.CONNECTED):
+            log.warning("ZooKeeper server %s:%s closed the connection", conn.host, conn.port)
+            conn.abort()
+            state.transition_to(States.SUSPENDED)
+
+    def _healthy(self) -> bool:
+        return bool(self._client.session.state == States.CONNECTED)
+
+    @contextlib.asynccontextmanager
+    async def _bounded(self, what: str) -> AsyncIterator[None]:
+        """Bound a request by ``request_timeout`` and map errors to aiolock's."""
+        await self._ready()
+        try:
+            async with asyncio.timeout(self._request_timeout):
+                yield
+        except TimeoutError as exc:
+            raise BackendUnavailable(
+                f"ZooKeeper at {self.url} did not answer {what} within {self._request_timeout} s "
+                f"(session {self._client.session.state.current_state})"
+            ) from exc
+        except (OSError, zkexc.ConnectError, zkexc.SessionLost, zkexc.FailedRetry,
+                zkexc.UnfinishedRead, zkexc.TimeoutError, zkexc.ConnectionLoss, zkexc.SessionExpired,
+                zkexc.OperationTimeout, zkexc.SessionMoved) as exc:
+            raise BackendUnavailable(
+                f"ZooKeeper at {self.url} is unavailable ({type(exc).__name__}: {exc})"
+            ) from exc
+        except zkexc.ZKError as exc:
+            raise LockError(f"ZooKeeper at {self.url} refused {what}: {type(exc).__name__} {exc}") from exc
+
+    async def _send(self, request: Any) -> Any:
+        # session.send, not client.send: the client caches the stat of every path forever
+        return await self._client.session.send(request)
+
+    # -- paths --------------------------------------------------------------------------
+
+    def _parent(self, name: str) -> str:
+        escaped = zk_name(name)
+        if self._chroot == "/" and escaped == "zookeeper":
+            escaped = "%7Aookeeper"  # /zookeeper is the server's own
+        return f"{self._chroot.rstrip('/')}/{escaped}"
+
+    async def _ensure_path(self, path: str, *, container: bool) -> None:
+        parts = [p for p in path.split("/") if p]
+        current = ""
+        for i, part in enumerate(parts):
+            current += "/" + part
+            req = zkproto.CreateRequest(path=current, data=b"", acl=[zkproto.UNRESTRICTED_ACCESS])
+            req.set_flags(container=container and i == len(parts) - 1)
+            with contextlib.suppress(zkexc.NodeExists):
+                await self._send(req)
+
+    async def _create(self, parent: str, prefix: str, data: bytes) -> tuple[str, int]:
+        req = zkproto.Create2Request(path=f"{parent}/{prefix}", data=data,
+                                     acl=[zkproto.UNRESTRICTED_ACCESS])
+        req.set_flags(ephemeral=True, sequential=True)
+        for _ in range(5):
+            try:
+                resp = await self._send(req)
+            except zkexc.NoNode:  # the parent is missing (or its container was just reaped)
+                await self._ensure_path(parent, container=True)
+                continue
+            return str(resp.path), int(resp.stat.created_zxid)
+        raise LockError(f"could not create a node under {parent!r}")
+
+    async def _children(self, parent: str) -> list[str]:
+        try:
+            resp = await self._send(zkproto.GetChildren2Request(path=parent, watch=False))
+        except zkexc.NoNode:
+            return []
+        return list(resp.children)
+
+    async def _delete(self, path: str, version: int = -1) -> bool:
+        try:
+            await self._send(zkproto.DeleteRequest(path=path, version=version))
+        except (zkexc.NoNode, zkexc.BadVersion):
+            return False
+        return True
+
+    async def _get(self, path: str, watch: bool) -> tuple[bytes, Any] | None:
+        try:
+            resp = await self._send(zkproto.GetDataRequest(path=path, watch=watch))
+        except zkexc.NoNode:
+            return None
+        return resp.data, resp.stat
+
+    # -- watches ------------------------------------------------------------------------
+
+    def _watch(self, claim: Claim, paths: set[str]) -> None:
+        """Make ``paths`` the set whose deletion wakes ``claim``'s waiter."""
+        old: set[str] = claim.state.get("watch", set())  # type: ignore[assignment]
+        for path in old - paths:
+            self._unwatch_path(path, claim.owner)
+        for path in paths - old:
+            owners = self._watching.get(path)
+            if owners is None:
+                owners = self._watching[path] = set()
+                session = self._client.session
+                session.add_watch_callback(zkproto.WatchEvent.DELETED, path, self._on_deleted)
+                # also a data watch: aiozk re-registers those after a reconnect
+                session.add_watch_callback(zkproto.WatchEvent.DATA_CHANGED, path, self._on_changed)
+            owners.add(claim.owner)
+        claim.state["watch"] = set(paths)
+
+    def _unwatch(self, claim: Claim) -> None:
+        old: set[str] = claim.state.pop("watch", set())  # type: ignore[assignment]
+        for path in old:
+            self._unwatch_path(path, claim.owner)
+
+    def _unwatch_path(self, path: str, owner: str) -> None:
+        owners = self._watching.get(path)
+        if owners is None:
+            return
+        owners.discard(owner)
+        if not owners:
+            self._drop_watch(path)
+
+    def _drop_watch(self, path: str) -> set[str]:
+        owners = self._watching.pop(path, set())
+        session = self._client.session
+        for event, cb in ((zkproto.WatchEvent.DELETED, self._on_deleted),
+                          (zkproto.WatchEvent.DATA_CHANGED, self._on_changed)):
+            with contextlib.suppress(KeyError):
+                session.remove_watch_callback(event, path, cb)
+        return owners
+
+    def _on_deleted(self, path: str) -> None:
+        self._seen.pop(path, None)
+        for owner in self._drop_watch(path):
+            waiter = self._waiters.get(owner)
+            if waiter is not None:
+                waiter.wake()
+
+    def _on_changed(self, path: str) -> None:
+        # A renewal of the watched node consumed the one-shot watch: re-arm it quietly.
+        if path in self._watching and not self._closed:
+            self._spawn(self._rearm(path))
+
+    async def _rearm(self, path: str) -> None:
+        try:
+            async with asyncio.timeout(self._request_timeout):
+                found = await self._get(path, watch=True)
+        except Exception:  # the bounded re-check of the waiter covers this
+            return
+        if found is None:
+            self._on_deleted(path)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- primitives ---------------------------------------------------------------------
+
+    def _granted_ms(self, claim: Claim) -> int:
+        session_ms = int(self.session_timeout * 1000)
+        if claim.ttl_ms / 3 >= session_ms * 0.8 and claim.ttl_ms not in self._warned:
+            self._warned.add(claim.ttl_ms)
+            log.warning(
+                "lease ttl %.1f s is too long for the ZooKeeper session timeout %.1f s: a lease "
+                "is believed for at most the session timeout but renewed every ttl/3, so it "
+                "will be lost; use ttl < 2.4 x session_timeout (or a longer session_timeout)",
+                claim.ttl_ms / 1000, self.session_timeout,
+            )
+        return max(1, min(claim.ttl_ms, session_ms))
+
+    def _forget_node(self, claim: Claim) -> None:
+        for key in ("path", "sid", "czxid", "creating"):
+            claim.state.pop(key, None)
+
+    async def try_acquire(self, claim: Claim) -> Granted | Busy:
+        if claim.owner in self._abandoned:
+            raise LockError(f"claim on {claim.name!r} was abandoned")
+        async with self._bounded("an acquire"):
+            return await self._try_acquire(claim)
+
+    async def _try_acquire(self, claim: Claim) -> Granted | Busy:
+        parent = self._parent(claim.name)
+        prefix = f"{_KIND_PREFIX[claim.kind]}-{claim.owner}-"
+        if claim.state.get("sid") not in (None, self._sid):
+            self._forget_node(claim)  # made in an expired session: the server deleted it
+        for _ in range(8):
+            path = claim.state.get("path")
+            children: list[str] | None = None
+            fresh = False
+            if path is None and claim.state.get("creating"):
+                # an earlier create may have happened with its reply lost: find it
+                children = await self._children(parent)
+                path = self._adopt_orphan(claim, parent, prefix, children)
+            if path is None:
+                claim.state["creating"] = True
+                sid = self._sid
+                path, czxid = await self._create(parent, prefix, _encode_data(claim))
+                claim.state.update(path=path, sid=sid, czxid=czxid)
+                children = None
+                fresh = True
+            assert isinstance(path, str)
+            if children is None:
+                children = await self._children(parent)
+            nodes = _family_nodes(children, claim.kind)
+            await self._delete_strays(claim, parent, prefix, path, nodes)
+            me = path.rpartition("/")[2]
+            index = next((i for i, n in enumerate(nodes) if n.name == me), None)
+            if index is None:  # our node is gone (reaped as stale, or session expired)
+                self._forget_node(claim)
+                continue
+            holders = _holders([n for n in nodes if n.owner not in self._abandoned or n.name == me],
+                               claim.limit)
+            if any(n.name == me for n in holders):
+                if not fresh:
+                    # restart the lease clock that contenders keep from now on
+                    try:
+                        resp = await self._send(zkproto.SetDataRequest(
+                            path=path, data=_encode_data(claim), version=-1))
+                    except zkexc.NoNode:
+                        self._forget_node(claim)
+                        continue
+                    claim.state["czxid"] = int(resp.stat.created_zxid)
+                self._unwatch(claim)
+                claim.state.pop("creating", None)
+                return Granted(int(claim.state["czxid"]), self._granted_ms(claim))  # type: ignore[call-overload]
+            busy = await self._wait_on(claim, parent, nodes, index, holders)
+            if busy is not None:
+                return busy
+        return Busy(0.05)
+
+    def _adopt_orphan(self, claim: Claim, parent: str, prefix: str, children: list[str]) -> str | None:
+        mine = sorted(c for c in children if c.startswith(prefix))
+        if not mine:
+            return None
+        claim.state.update(path=f"{parent}/{mine[0]}", sid=self._sid)
+        claim.state["czxid"] = 0  # looked up again when granted (the stamp returns it)
+        return f"{parent}/{mine[0]}"
+
+    async def _delete_strays(
+        self, claim: Claim, parent: str, prefix: str, path: str, nodes: list[_Node]
+    ) -> None:
+        """Delete duplicates of our own node (a create retried by aiozk after a dropped
+        connection) and nodes of claims abandoned here whose create landed late."""
+        strays = [n for n in nodes if (n.owner == claim.owner and f"{parent}/{n.name}" != path)
+                  or n.owner in self._abandoned]
+        for node in strays:
+            await self._delete(f"{parent}/{node.name}")
+
+    async def _wait_on(
+        self, claim: Claim, parent: str, nodes: list[_Node], index: int, holders: list[_Node]
+    ) -> Busy | None:
+        """Not granted: watch what can grant us, reap stale holders. None: look again."""
+        targets = {f"{parent}/{n.name}" for n in _watch_targets(nodes, index, claim)}
+        present = {f"{parent}/{n.name}" for n in nodes}
+        for path in [p for p in self._seen if p.rpartition("/")[0] == parent and p not in present]:
+            del self._seen[path]  # released since we last looked
+        holder_paths = {f"{parent}/{n.name}" for n in holders}
+        self._watch(claim, targets)
+        paths = sorted(targets | holder_paths)
+        found = await asyncio.gather(*(self._get(p, watch=p in targets) for p in paths))
+        now = time.monotonic()
+        recheck = min(MAX_RECHECK, claim.ttl_ms / 3000, self.session_timeout / 3)
+        wait = recheck
+        again = False
+        for path, got in zip(paths, found, strict=True):
+            if got is None:  # deleted meanwhile: the watch may not be set; look again
+                self._seen.pop(path, None)
+                again = True
+                continue
+            if path not in holder_paths:
+                continue
+            data, stat = got
+            ttl_ms, _ = _decode_data(data)
+            version = int(stat.version)
+            seen = self._seen.get(path)
+            if seen is None or seen[0] != version:
+                self._seen[path] = seen = (version, now)
+            stale_at = seen[1] + ttl_ms / 1000
+            if now >= stale_at:
+                # unchanged for its whole ttl: its owner stopped renewing (the owner itself
+                # counts its lease from before its last renewal was sent, so it knows)
+                if await self._delete(path, version):
+                    log.info("reaped stale ZooKeeper lease node %s", path)
+                self._seen.pop(path, None)
+                again = True
+            else:
+                wait = min(wait, stale_at - now + 0.002)
+        if again:
+            return None
+        return Busy(max(wait, 0.001))
+
+    async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
+        if not claims:
+            return []
+        await self._ready()
+        state = self._client.session.state.current_state
+        if state == States.LOST:
+            return [None] * len(claims)  # the session is gone: so is every node it made
+        if state != States.CONNECTED:
+            raise BackendUnavailable(f"ZooKeeper connection to {self.url} is {state}: leases at risk")
+        async with self._bounded("a renewal"):
+            return list(await asyncio.gather(*(self._renew_one(c) for c in claims)))
+
+    async def _renew_one(self, claim: Claim) -> int | None:
+        path = claim.state.get("path")
+        if not isinstance(path, str) or claim.state.get("sid") != self._sid:
+            return None
+        try:
+            await self._send(zkproto.SetDataRequest(path=path, data=_encode_data(claim), version=-1))
+        except zkexc.NoNode:
+            return None
+        return self._granted_ms(claim)
+
+    async def release(self, claim: Claim) -> bool:
+        path = claim.state.get("path")
+        self._unwatch(claim)
+        if not isinstance(path, str):
+            return False
+        if claim.state.get("sid") != self._sid:
+            self._forget_node(claim)
+            return False
+        async with self._bounded("a release"):
+            deleted = await self._delete(path)
+        self._forget_node(claim)
+        self._seen.pop(path, None)
+        return deleted
+
+    async def abandon(self, claim: Claim) -> None:
+        parent = self._parent(claim.name)
+        prefix = f"{_KIND_PREFIX[claim.kind]}-{claim.owner}-"
+        # remembered first: a create still in flight is deleted whenever it shows up
+        self._abandoned[claim.owner] = (parent, prefix, time.monotonic() + ABANDONED_KEEP)
+        self._prune_abandoned()
+        self._unwatch(claim)
+        waiter = self._waiters.get(claim.owner)
+        if waiter is not None and waiter.claim is claim:
+            del self._waiters[claim.owner]
+        path = claim.state.get("path")
+        creating = bool(claim.state.get("creating"))
+        if path is None and not creating:
+            return
+        async with self._bounded("an abandon"):
+            if isinstance(path, str):
+                await self._delete(path)
+            # a create may have been sent whose reply never came: find it by our id
+            # (requests on one session run in order, so this listing sees it)
+            for child in await self._children(parent):
+                if child.startswith(prefix):
+                    await self._delete(f"{parent}/{child}")
+        self._forget_node(claim)
+
+    def _prune_abandoned(self) -> None:
+        now = time.monotonic()
+        for owner in [o for o, (_, _, until) in self._abandoned.items() if until <= now]:
+            del self._abandoned[owner]
+
+    def _sweep_abandoned(self) -> None:
+        self._prune_abandoned()
+        parents = {parent for parent, _, _ in self._abandoned.values()}
+        if parents:
+            self._spawn(self._sweep(parents))
+
+    async def _sweep(self, parents: set[str]) -> None:
+        try:
+            async with asyncio.timeout(self._request_timeout):
+                for parent in parents:
+                    for child in await self._children(parent):
+                        node = _parse(child)
+                        if node is not None and node.owner in self._abandoned:
+                            await self._delete(f"{parent}/{child}")
+        except Exception as exc:  # retried after the next reconnect
+            log.debug("sweeping abandoned ZooKeeper nodes failed: %s", exc)
+
+    async def listen(self, name: str, kind: Kind, waiter: Waiter) -> None:
+        self._waiters[waiter.claim.owner] = waiter
+
+    def unlisten(self, name: str, kind: Kind, waiter: Waiter) -> None:
+        if self._waiters.get(waiter.claim.owner) is waiter:
+            del self._waiters[waiter.claim.owner]
+        self._unwatch(waiter.claim)
+
+    async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
+        parent = self._parent(name)
+        async with self._bounded("an inspect"):
+            nodes = _family_nodes(await self._children(parent), kind)
+            if not nodes:
+                return LockInfo(name, False)
+            first = await self._get(f"{parent}/{nodes[0].name}", watch=False)
+            limit = _decode_data(first[0])[1] if first is not None else 1
+            holders = _holders(nodes, limit)
+            stats = await asyncio.gather(*(self._get(f"{parent}/{n.name}", False) for n in holders))
+        now_wall = time.time()
+        now = time.monotonic()
+        live: list[tuple[_Node, int, float]] = []
+        for node, got in zip(holders, stats, strict=True):
+            if got is None:
+                continue
+            ttl_ms, _ = _decode_data(got[0])
+            stat = got[1]
+            seen = self._seen.get(f"{parent}/{node.name}")
+            if seen is not None and seen[0] == int(stat.version) and now - seen[1] >= ttl_ms / 1000:
+                continue  # stale: its owner stopped renewing
+            left = (int(stat.modified) + ttl_ms) / 1000 - now_wall  # server clock, roughly
+            live.append((node, int(stat.created_zxid), min(max(left, 0.0), ttl_ms / 1000)))
+        if not live:
+            return LockInfo(name, False, waiters=len(nodes) - len(holders))
+        exclusive = [czxid for node, czxid, _ in live if node.kind in (Kind.LOCK, Kind.WRITE)]
+        return LockInfo(
+            name, True, holders=len(live), token=exclusive[0] if exclusive else None,
+            last_token=max(czxid for _, czxid, _ in live),
+            ttl_left=max(left for _, _, left in live), waiters=len(nodes) - len(holders),
+        )
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        monitor, self._monitor = self._monitor, None
+        if monitor is not None:
+            monitor.cancel()
+            with contextlib.suppress(BaseException):
+                await monitor
+        for task in list(self._tasks):
+            task.cancel()
+        for path in list(self._watching):
+            self._drop_watch(path)
+        self._waiters.clear()
+        if not self._owns_client:
+            return
+        if self._started and self._healthy():
+            try:
+                async with asyncio.timeout(self._request_timeout):
+                    await self._client.close()  # ends the session: its nodes go at once
+                return
+            except Exception as exc:
+                log.warning("closing the ZooKeeper session failed: %s", exc)
+        await self._teardown()
+
+
+def _hex(sid: int | None) -> str:
+    return "none" if sid is None else hex(sid)
+
+
+def _check_chroot(chroot: str) -> str:
+    if not isinstance(chroot, str) or not chroot.startswith("/"):
+        raise ValueError(f"the chroot must be an absolute path such as '/aiolock', got {chroot!r}")
+    parts = chroot.split("/")[1:]
+    if chroot != "/" and (not all(parts) or any(p in (".", "..") for p in parts)):
+        raise ValueError(f"bad chroot {chroot!r}: no empty, '.' or '..' components")
+    if chroot != "/" and parts[0] == "zookeeper":
+        raise ValueError(f"bad chroot {chroot!r}: /zookeeper is reserved by the server")
+    for ch in chroot:
+        if ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F or 0xD800 <= ord(ch) <= 0xF8FF or ord(ch) >= 0xFFF0:
+            raise ValueError(f"bad chroot {chroot!r}: character {ch!r} is not allowed in ZooKeeper")
+    return chroot.rstrip("/") or "/"
+
+
+def _check_hosts(hosts: str) -> None:
+    for item in hosts.split(","):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"bad ZooKeeper host {item!r} in {hosts!r}: expected host:port")

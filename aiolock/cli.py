@@ -1,0 +1,144 @@
+"""The ``aiolock`` command: ``run``, ``status`` and ``demo``.
+
+``aiolock run [--url URL] [--ttl S] [--timeout S] NAME -- COMMAND...`` holds the lock
+while COMMAND runs and exits with its status; the child gets ``AIOLOCK_TOKEN``. Exit
+75 (EX_TEMPFAIL) if the lock was not acquired in time, 76 if the lease was lost (the
+child is stopped first), 69 (EX_UNAVAILABLE) if the server cannot be reached, 2 for
+usage errors. ``--url`` defaults to ``$AIOLOCK_URL``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from ._connect import connect
+from .errors import BackendUnavailable, LockTimeout
+
+__all__ = ["EXIT_LOST", "EXIT_NOT_ACQUIRED", "EXIT_UNAVAILABLE", "main"]
+
+EXIT_NOT_ACQUIRED = 75
+EXIT_LOST = 76
+EXIT_UNAVAILABLE = 69
+#: Seconds between SIGTERM and SIGKILL when stopping a child whose lease was lost.
+STOP_GRACE = 5.0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aiolock", description="Distributed locks for asyncio, from the command line."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    url_help = "lock server URL (default: $AIOLOCK_URL)"
+    run = sub.add_parser("run", help="hold a lock while a command runs")
+    run.add_argument("--url", help=url_help)
+    run.add_argument("--ttl", type=float, default=30.0, help="lease length, seconds (30)")
+    run.add_argument("--timeout", type=float, default=None,
+                     help="seconds to wait for the lock (default: forever)")
+    run.add_argument("name", help="lock name")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    status = sub.add_parser("status", help="show who holds a lock")
+    status.add_argument("--url", help=url_help)
+    status.add_argument("name", help="lock name")
+    demo = sub.add_parser("demo", help="watch workers contend, crash and get fenced")
+    demo.add_argument("--url", help="lock server URL (default: the embedded memory://)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``aiolock`` console script."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "demo":
+            from .demo import run_demo
+
+            return asyncio.run(run_demo(args.url))
+        url = args.url or os.environ.get("AIOLOCK_URL")
+        if not url:
+            parser.error(f"{args.command}: no lock server given: pass --url URL or set AIOLOCK_URL "
+                         "(e.g. redis://localhost:6379/0)")
+        if args.command == "status":
+            return asyncio.run(_status(url, args.name))
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        if not cmd:
+            parser.error("run: give the command after '--', e.g. aiolock run NAME -- make deploy")
+        return asyncio.run(_run(url, args.name, args.ttl, args.timeout, cmd))
+    except ValueError as exc:
+        print(f"aiolock: {exc}", file=sys.stderr)
+        return 2
+    except BackendUnavailable as exc:
+        print(f"aiolock: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _status(url: str, name: str) -> int:
+    async with connect(url) as locks:
+        info = await locks.status(name)
+    if info.held:
+        left = f"{info.ttl_left:.1f}s" if info.ttl_left is not None else "unknown"
+        print(f"{name}: held, token {info.token}, time left {left}")
+    else:
+        print(f"{name}: free (last token {info.last_token if info.last_token is not None else '-'})")
+    return 0
+
+
+async def _run(url: str, name: str, ttl: float, timeout: float | None, cmd: list[str]) -> int:
+    async with connect(url) as locks:
+        try:
+            lease = await locks.lock(name, ttl=ttl, on_lost="raise").acquire(timeout=timeout)
+        except LockTimeout:
+            print(f"aiolock: {name!r} was not acquired within {timeout}s", file=sys.stderr)
+            return EXIT_NOT_ACQUIRED
+        env = dict(os.environ, AIOLOCK_TOKEN=str(lease.token), AIOLOCK_NAME=name)
+        try:
+            # its own process group, so stopping it also stops what it started
+            child = await asyncio.create_subprocess_exec(*cmd, env=env, start_new_session=True)
+        except OSError as exc:
+            await lease.release()
+            print(f"aiolock: cannot run {cmd[0]!r}: {exc}", file=sys.stderr)
+            return 127
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # pass signals on to the child
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, _signal_group, child, sig)
+        waiting = asyncio.ensure_future(child.wait())
+        lost = asyncio.ensure_future(lease.wait_lost())
+        try:
+            await asyncio.wait({waiting, lost}, return_when=asyncio.FIRST_COMPLETED)
+            if not waiting.done() and lease.lost:
+                print(f"aiolock: lease on {name!r} lost; stopping the command", file=sys.stderr)
+                await _stop(child, waiting)
+                return EXIT_LOST
+            code = await waiting
+        finally:
+            lost.cancel()
+            await lease.release()
+        return code if code >= 0 else 128 - code
+
+
+def _signal_group(child: asyncio.subprocess.Process, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, sig)
+
+
+async def _stop(child: asyncio.subprocess.Process, waiting: asyncio.Future[int]) -> None:
+    """SIGTERM the child's process group; SIGKILL it after STOP_GRACE seconds."""
+    _signal_group(child, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(asyncio.shield(waiting), STOP_GRACE)
+    except TimeoutError:
+        _signal_group(child, signal.SIGKILL)
+        await waiting
+    _signal_group(child, signal.SIGKILL)  # anything it left behind in its group
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

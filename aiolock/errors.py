@@ -1,0 +1,56 @@
+"""The exceptions aiolock raises: one flat list, all rooted at :class:`LockError`.
+
+=====================  ===========================================================
+``LockError``          base class; also raised when a task that already holds a
+                       non-reentrant lock tries to acquire it again.
+``LockTimeout``        the lock was not acquired before the timeout passed
+                       (also a :class:`TimeoutError`).
+``LockLost``           a held lease was lost: renewal found it gone, or its last
+                       confirmed expiry passed.
+``BackendUnavailable`` the server could not be reached within the connect or
+                       request timeout (also a :class:`ConnectionError`).
+=====================  ===========================================================
+
+Bad arguments raise the built-in :class:`ValueError` with a message that says what is
+accepted. Backends turn their client library's errors into these with
+:func:`map_exceptions`, keeping the original as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+
+__all__ = ["BackendUnavailable", "LockError", "LockLost", "LockTimeout", "map_exceptions"]
+
+
+class LockError(Exception):
+    """Base class of every aiolock error."""
+
+
+class LockTimeout(LockError, TimeoutError):
+    """The lock could not be acquired before the timeout passed."""
+
+
+class LockLost(LockError):
+    """A lease was lost while it was held (expired, or taken away on the server)."""
+
+
+class BackendUnavailable(LockError, ConnectionError):
+    """The lock server could not be reached in bounded time."""
+
+
+@contextlib.contextmanager
+def map_exceptions(mapping: Mapping[type[BaseException], type[Exception]]) -> Iterator[None]:
+    """Re-raise a client library's exceptions as ours (``raise ours from theirs``).
+
+    The first matching entry of ``mapping`` wins, so list subclasses first.
+    Exceptions that match nothing pass through unchanged.
+    """
+    try:
+        yield
+    except Exception as exc:
+        for from_exc, to_exc in mapping.items():
+            if isinstance(exc, from_exc) and not isinstance(exc, LockError):
+                raise to_exc(f"{type(exc).__name__}: {exc}") from exc
+        raise

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The test command: sets up everything on a fresh machine, then runs pytest.
+#   ./test.sh              the whole suite (real servers started by the tests)
+#   ./test.sh -k fair      any pytest arguments pass through
+# It creates .venv, installs aiolock with its test extras, installs Debian's
+# redis-server, zookeeper, postgresql and memcached if they are missing, and runs pytest. The tests start their own servers on
+# free loopback ports; nothing depends on a server started by hand.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+need_pkgs=()
+command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
+{ command -v java >/dev/null 2>&1 && [ -f /usr/share/java/zookeeper.jar ]; } || need_pkgs+=(zookeeper)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_pkgs+=(postgresql)
+command -v memcached >/dev/null 2>&1 || need_pkgs+=(memcached)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "installing: ${need_pkgs[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+# Debian's packages start a redis on 6379, a postgres on 5432 and a memcached on 11211 at
+# install; the tests never use them.
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+.venv/bin/python -m pip install -q -e ".[test]" 2>&1 | grep -vE "^\s*$|WARNING: Location" || true
+
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,105 @@
+"""Fixtures: real servers (started here), and ``locks`` parametrized over every backend.
+
+The contract suite (``test_contract.py``) takes the ``locks`` fixture and so runs once
+per backend; a test needing a capability the backend lacks skips itself with a reason
+(``need(locks, Capability.X)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+import aiolock
+from aiolock import Capability
+
+from .mc_server import MemcachedServer
+from .pg_server import PostgresServer
+from .servers import RedisServer
+from .zk_server import ZooKeeperServer
+
+BACKENDS = ["memory", "redis", "zookeeper", "postgres", "postgres-row", "memcached"]
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def zk_server() -> Iterator[ZooKeeperServer]:
+    server = ZooKeeperServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    server = PostgresServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def memcached_server() -> Iterator[MemcachedServer]:
+    server = MemcachedServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_url(request: pytest.FixtureRequest) -> str:
+    if request.param == "memory":
+        return f"memory://test-{uuid.uuid4().hex[:8]}"
+    if request.param == "zookeeper":
+        zk: ZooKeeperServer = request.getfixturevalue("zk_server")
+        return f"zookeeper://{zk.hosts}/aiolock-{uuid.uuid4().hex[:8]}"  # fresh chroot
+    if request.param == "memcached":
+        mc: MemcachedServer = request.getfixturevalue("memcached_server")
+        return mc.url
+    if request.param.startswith("postgres"):
+        pg: PostgresServer = request.getfixturevalue("postgres_server")
+        return pg.url + ("?mode=row" if request.param == "postgres-row" else "")
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return server.url
+
+
+@pytest.fixture
+async def locks(backend_url: str) -> AsyncIterator[aiolock.Locks]:
+    async with aiolock.connect(backend_url) as conn:
+        yield conn
+
+
+@pytest.fixture
+def name() -> str:
+    """A fresh lock name per test, so tests sharing a server never collide."""
+    return f"t-{uuid.uuid4().hex}"
+
+
+async def acquire_cancelled_after(lock: aiolock.Lock, steps: int) -> None:
+    """Start ``lock.acquire()``, cancel it after ``steps`` loop steps, and release the
+    lease if the acquire finished first: whatever step it lands on, nothing may leak."""
+    task = asyncio.create_task(lock.acquire())
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    task.cancel()
+    try:
+        lease = await task
+    except asyncio.CancelledError:
+        return
+    await lease.release()
+
+
+def need(locks: aiolock.Locks, capability: Capability) -> None:
+    if capability not in locks.capabilities:
+        pytest.skip(f"{locks.url} does not offer {capability.value}")

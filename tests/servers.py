@@ -1,0 +1,135 @@
+"""Real servers for the tests, started on free loopback ports in a temp directory.
+
+Nothing here talks to a server someone started by hand: every server is our own child
+process, killed at the end of the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Self
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.02)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+
+
+class ServerProcess:
+    """A server run as our own child process on a free loopback port, with a temp dir.
+
+    Subclasses give :meth:`command` (and may change :meth:`popen_options`,
+    :meth:`wait_ready`, :meth:`after_stop`); this class starts, stops, kills -9,
+    restarts, pauses (SIGSTOP) and resumes it.
+    """
+
+    #: the signal that :meth:`restart` and :meth:`close` stop the server with
+    restart_signal = signal.SIGKILL
+    close_signal = signal.SIGKILL
+    #: seconds to wait for the server to exit after a signal before SIGKILL
+    stop_wait = 10.0
+
+    def __init__(self, *, port: int | None = None, prefix: str = "aiolock-server-") -> None:
+        self.port = port or free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix=prefix))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def popen_options(self) -> dict[str, Any]:
+        """Popen keyword arguments; a log file opened here is closed once started."""
+        return {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+
+    def wait_ready(self) -> None:
+        wait_port(self.port)
+
+    def after_stop(self, sig: int) -> None:
+        """Clean-up after the process ended (close logs, reap children)."""
+
+    def start(self) -> Self:
+        options = self.popen_options()
+        try:
+            self.proc = subprocess.Popen(self.command(), **options)
+        finally:
+            for stream in (options.get("stdout"), options.get("stderr")):
+                if hasattr(stream, "close"):
+                    stream.close()  # a log file we opened: the child has its own copy
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop(signal.SIGKILL)
+            raise
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(self.stop_wait)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        self.after_stop(sig)
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def restart(self, *, down_for: float = 0.0) -> None:
+        self.stop(self.restart_signal)
+        time.sleep(down_for)
+        self.start()
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        self.stop(self.close_signal)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RedisServer(ServerProcess):
+    """A redis-server child process on a free loopback port."""
+
+    def __init__(self, *, appendonly: bool = False, port: int | None = None) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        super().__init__(port=port, prefix="aiolock-redis-")
+        self.exe = exe
+        self.appendonly = appendonly
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def command(self) -> list[str]:
+        return [
+            self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+            "--save", "", "--appendonly", "yes" if self.appendonly else "no",
+            "--logfile", str(self.dir / "redis.log"), "--daemonize", "no",
+        ]

@@ -1,0 +1,448 @@
+"""The backend contract: one suite, run against every backend (see conftest.BACKENDS).
+
+A test needing a capability the backend lacks skips itself with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+import time
+import warnings
+
+import pytest
+
+import aiolock
+from aiolock import Capability
+
+from .conftest import acquire_cancelled_after, need
+
+
+async def test_acquire_release_and_tokens_increase(locks: aiolock.Locks, name: str) -> None:
+    lock = locks.lock(name)
+    assert not await lock.locked()
+    tokens = []
+    for _ in range(3):
+        lease = await lock.acquire(timeout=1)
+        assert await lock.locked()
+        assert isinstance(lease.token, int) and not lease.lost and lease.name == name
+        tokens.append(lease.token)
+        await lease.release()
+        await lease.release()  # a second release is a no-op
+        assert not await lock.locked()
+    assert tokens == sorted(set(tokens)) and len(tokens) == 3
+
+
+async def test_async_with_gives_lease_and_releases(locks: aiolock.Locks, name: str) -> None:
+    lock = locks.lock(name)
+    async with lock as lease:
+        assert await lock.locked()
+        info = await locks.status(name)
+        assert info.held and info.token == lease.token and 0 < (info.ttl_left or 0) <= 30
+    assert not await lock.locked()
+    assert lease.released and not lease.lost
+
+
+async def test_try_once_and_timeout(locks: aiolock.Locks, name: str) -> None:
+    lock = locks.lock(name)
+
+    async def other_task() -> None:
+        with pytest.raises(aiolock.LockTimeout):
+            await locks.lock(name).acquire(timeout=0)
+        started = time.monotonic()
+        with pytest.raises(aiolock.LockTimeout) as info:
+            await locks.lock(name).acquire(timeout=0.2)
+        elapsed = time.monotonic() - started
+        assert 0.19 <= elapsed < 0.2 + 0.05 + 0.05, elapsed  # honoured within 50 ms (+slack)
+        assert isinstance(info.value, TimeoutError)
+        with pytest.raises(aiolock.LockTimeout):
+            async with locks.lock(name, timeout=0.05):
+                pass
+
+    async with lock:
+        await asyncio.create_task(other_task())
+
+
+async def test_mutual_exclusion_many_tasks(locks: aiolock.Locks, name: str) -> None:
+    lock = locks.lock(name, ttl=5)
+    inside = 0
+    peak = 0
+    tokens: list[int] = []
+
+    async def worker() -> None:
+        nonlocal inside, peak
+        for _ in range(5):
+            async with lock as lease:
+                inside += 1
+                peak = max(peak, inside)
+                tokens.append(lease.token)
+                await asyncio.sleep(random.random() / 1000)
+                inside -= 1
+
+    await asyncio.gather(*(worker() for _ in range(40)))
+    assert peak == 1
+    assert len(tokens) == 200
+    assert tokens == sorted(tokens) and len(set(tokens)) == 200  # strictly increasing in hold order
+
+
+async def test_separate_connections_exclude_each_other(backend_url: str, name: str) -> None:
+    async with aiolock.connect(backend_url) as a, aiolock.connect(backend_url) as b:
+        async with a.lock(name):
+            with pytest.raises(aiolock.LockTimeout):
+                await b.lock(name).acquire(timeout=0.1)
+        lease = await b.lock(name).acquire(timeout=1)
+        await lease.release()
+
+
+async def test_waiter_wakes_on_release_not_on_ttl(locks: aiolock.Locks, name: str) -> None:
+    need(locks, Capability.EVENTS)
+    lock = locks.lock(name, ttl=30)
+    lease = await lock.acquire()
+    got = asyncio.Event()
+    waited: list[float] = []
+
+    async def waiter() -> None:
+        async with locks.lock(name, ttl=30):
+            got.set()
+
+    task = asyncio.create_task(waiter())
+    await asyncio.sleep(0.2)
+    assert not got.is_set()
+    released = time.monotonic()
+    await lease.release()
+    await asyncio.wait_for(got.wait(), 2)
+    waited.append(time.monotonic() - released)
+    await task
+    assert waited[0] < 0.5, waited  # woken by the release, not by the 30 s ttl
+
+
+async def test_wake_from_other_connection(backend_url: str, name: str) -> None:
+    async with aiolock.connect(backend_url) as a, aiolock.connect(backend_url) as b:
+        need(a, Capability.EVENTS)
+        lease = await a.lock(name, ttl=30).acquire()
+        task = asyncio.create_task(b.lock(name, ttl=30).acquire(timeout=5))
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        await lease.release()
+        other = await task
+        assert time.monotonic() - started < 0.5
+        assert other.token > lease.token
+        await other.release()
+
+
+async def test_watchdog_keeps_short_lease_alive(locks: aiolock.Locks, name: str) -> None:
+    async with locks.lock(name, ttl=0.5) as lease:
+        for _ in range(8):  # 8 x 0.5 s: many TTLs
+            await asyncio.sleep(0.5)
+            assert not lease.lost
+            assert (await locks.status(name)).held
+        with pytest.raises(aiolock.LockTimeout):
+            await asyncio.create_task(locks.lock(name).acquire(timeout=0))
+    assert not lease.lost
+
+
+async def test_without_watchdog_the_lease_expires_and_body_is_cancelled(
+    locks: aiolock.Locks, name: str
+) -> None:
+    reached = False
+    with pytest.raises(aiolock.LockLost):
+        async with locks.lock(name, ttl=0.2, watchdog=False) as lease:
+            await asyncio.sleep(1)
+            reached = True
+    assert not reached and lease.lost
+    assert not await locks.lock(name).locked()
+
+
+async def test_on_lost_raise_lets_body_finish(locks: aiolock.Locks, name: str) -> None:
+    finished = False
+    with pytest.raises(aiolock.LockLost):
+        async with locks.lock(name, ttl=0.2, watchdog=False, on_lost="raise"):
+            await asyncio.sleep(0.5)
+            finished = True
+    assert finished
+
+
+async def test_on_lost_callable(locks: aiolock.Locks, name: str) -> None:
+    seen: list[aiolock.Lease] = []
+    lease = await locks.lock(name, ttl=0.2, watchdog=False, on_lost=seen.append).acquire()
+    await asyncio.wait_for(lease.wait_lost(), 2)
+    assert lease.lost and seen == [lease]
+    await lease.release()
+
+
+async def test_extend(locks: aiolock.Locks, name: str) -> None:
+    lease = await locks.lock(name, ttl=0.3, watchdog=False).acquire()
+    await lease.extend(2)
+    await asyncio.sleep(0.6)
+    assert not lease.lost and lease.expires_in > 1
+    await lease.release()
+    with pytest.raises(aiolock.LockError):
+        await lease.extend(1)
+
+
+async def test_lost_is_exact_after_event_loop_stall(locks: aiolock.Locks, name: str) -> None:
+    lease = await locks.lock(name, ttl=0.3).acquire()
+    time.sleep(0.5)  # a blocking stall longer than the ttl: the watchdog could not run
+    assert lease.lost  # known at once on wake, from the last confirmed expiry
+    await lease.release()
+
+
+async def test_wait_lost_returns_on_release(locks: aiolock.Locks, name: str) -> None:
+    lease = await locks.lock(name).acquire()
+    waiter = asyncio.create_task(lease.wait_lost())
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    await lease.release()
+    await asyncio.wait_for(waiter, 1)
+    assert not lease.lost
+
+
+async def test_same_task_reacquire_raises_without_reentrant(locks: aiolock.Locks, name: str) -> None:
+    lock = locks.lock(name)
+    async with lock:
+        started = time.monotonic()
+        with pytest.raises(aiolock.LockError) as info:
+            await lock.acquire()
+        assert time.monotonic() - started < 0.1
+        assert not isinstance(info.value, aiolock.LockTimeout)
+        with pytest.raises(aiolock.LockError):
+            await locks.lock(name).acquire()  # another Lock object, same name
+
+
+async def test_reentrant_counts_and_other_tasks_wait(locks: aiolock.Locks, name: str) -> None:
+    lock = locks.lock(name, reentrant=True)
+    outer = await lock.acquire()
+    inner = await lock.acquire()
+    assert inner.token == outer.token
+    other = asyncio.create_task(lock.acquire(timeout=5))  # a task started while held: waits
+    await asyncio.sleep(0.1)
+    assert not other.done()
+    await inner.release()
+    await asyncio.sleep(0.1)
+    assert not other.done() and await lock.locked()
+    await outer.release()
+    lease = await other
+    assert lease.token > outer.token
+    await lease.release()
+
+
+async def test_lease_taken_in_wait_for_stays_held(locks: aiolock.Locks, name: str) -> None:
+    """The owner is the Lease, not the (child) task that acquired it."""
+    lease = await asyncio.wait_for(locks.lock(name, ttl=0.3).acquire(), 2)
+    await asyncio.gather(asyncio.sleep(0.01))
+    await asyncio.sleep(1.0)  # > 3 ttls, the acquiring child task is long gone
+    assert not lease.lost and await locks.lock(name).locked()
+    await lease.release()
+    assert not await locks.lock(name).locked()
+
+
+async def test_garbage_collected_lease_is_released_with_warning(
+    locks: aiolock.Locks, name: str
+) -> None:
+    lease = await locks.lock(name, ttl=5).acquire()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del lease
+        gc.collect()
+    assert any(issubclass(w.category, ResourceWarning) for w in caught)
+    for _ in range(50):
+        await asyncio.sleep(0.02)
+        if not await locks.lock(name).locked():
+            break
+    assert not await locks.lock(name).locked()
+
+
+async def test_random_cancellation_leaves_nothing_held(locks: aiolock.Locks, name: str) -> None:
+    lock = locks.lock(name, ttl=10)
+
+    async def user() -> None:
+        async with lock:
+            await asyncio.sleep(random.random() / 200)
+
+    for _ in range(4):
+        tasks = [asyncio.create_task(user()) for _ in range(50)]
+        await asyncio.sleep(random.random() / 100)
+        for task in random.sample(tasks, 35):
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.sleep(0.05)
+    assert not await lock.locked()
+    lease = await lock.acquire(timeout=1)
+    await lease.release()
+
+
+async def test_cancel_at_every_point_of_acquire(locks: aiolock.Locks, name: str) -> None:
+    """Cancel after 0, 1, 2, ... loop steps: whatever step it lands on, nothing leaks."""
+    lock = locks.lock(name, ttl=10)
+    for steps in range(12):
+        await acquire_cancelled_after(lock, steps)
+        assert not await lock.locked(), f"leaked after {steps} steps"
+
+
+async def test_cancelled_release_still_releases(locks: aiolock.Locks, name: str) -> None:
+    lock = locks.lock(name, ttl=10)
+    for steps in range(6):
+        lease = await lock.acquire()
+        task = asyncio.create_task(lease.release())
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await lease.release()  # safe to retry; completes the release
+        assert not await lock.locked(), f"held after release cancelled at step {steps}"
+
+
+async def test_close_releases_held_leases(backend_url: str, name: str) -> None:
+    locks = aiolock.connect(backend_url)
+    lease = await locks.lock(name).acquire()
+    await locks.aclose()
+    async with aiolock.connect(backend_url) as other:
+        assert not await other.lock(name).locked()
+    assert lease.released and not lease.lost
+
+
+async def test_fair_is_first_come_first_served(locks: aiolock.Locks, name: str) -> None:
+    need(locks, Capability.FAIR)
+    lock = locks.lock(name, fair=True, ttl=5)
+    first = await lock.acquire()
+    order: list[int] = []
+
+    async def waiter(i: int) -> None:
+        async with locks.lock(name, fair=True, ttl=5):
+            order.append(i)
+            await asyncio.sleep(0.005)
+
+    tasks = []
+    for i in range(10):
+        tasks.append(asyncio.create_task(waiter(i)))
+        await asyncio.sleep(0.03)  # let each one take its place in the queue
+    await first.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert order == list(range(10))
+
+
+async def test_fair_across_connections(backend_url: str, name: str) -> None:
+    conns = [aiolock.connect(backend_url) for _ in range(3)]
+    try:
+        for conn in conns:
+            await conn.__aenter__()
+        need(conns[0], Capability.FAIR)
+        first = await conns[0].lock(name, fair=True).acquire()
+        order: list[int] = []
+
+        async def waiter(i: int) -> None:
+            async with conns[i % 3].lock(name, fair=True):
+                order.append(i)
+
+        tasks = []
+        for i in range(9):
+            tasks.append(asyncio.create_task(waiter(i)))
+            await asyncio.sleep(0.03)
+        await first.release()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert order == list(range(9))
+    finally:
+        for conn in conns:
+            await conn.aclose()
+
+
+async def test_rwlock(locks: aiolock.Locks, name: str) -> None:
+    need(locks, Capability.RWLOCK)
+    rw = locks.rwlock(name, ttl=5)
+    r1 = await rw.read().acquire(timeout=1)
+    other = locks.rwlock(name, ttl=5)
+    r2 = await asyncio.create_task(other.read().acquire(timeout=1))  # readers share
+    writer = asyncio.create_task(other.write().acquire(timeout=5))
+    await asyncio.sleep(0.1)
+    assert not writer.done()
+    late_reader = asyncio.create_task(other.read().acquire(timeout=5))
+    await asyncio.sleep(0.1)
+    assert not late_reader.done()  # a waiting writer is not starved by new readers
+    await r1.release()
+    await r2.release()
+    w = await asyncio.wait_for(writer, 2)
+    assert w.token > max(r1.token, r2.token)
+    assert not late_reader.done()
+    await w.release()
+    r3 = await asyncio.wait_for(late_reader, 2)
+    await r3.release()
+
+
+async def test_semaphore(locks: aiolock.Locks, name: str) -> None:
+    need(locks, Capability.SEMAPHORE)
+    sem = locks.semaphore(name, limit=3, ttl=5)
+    inside = 0
+    peak = 0
+
+    async def user() -> None:
+        nonlocal inside, peak
+        async with sem as lease:
+            assert isinstance(lease.token, int)
+            inside += 1
+            peak = max(peak, inside)
+            await asyncio.sleep(0.01)
+            inside -= 1
+
+    await asyncio.gather(*(user() for _ in range(20)))
+    assert peak == 3
+
+
+async def test_semaphore_dead_holder_permit_expires(backend_url: str, name: str) -> None:
+    async with aiolock.connect(backend_url) as locks:
+        need(locks, Capability.SEMAPHORE)
+        crashed = aiolock.connect(backend_url)
+        await crashed.__aenter__()
+        held = await crashed.semaphore(name, limit=1, ttl=0.3).acquire()
+        crashed._abandon_for_demo()  # stops renewing without releasing, like a crash
+        slack = 2.0 if backend_url.startswith("memcached://") else 0.0
+        lease = await locks.semaphore(name, limit=1).acquire(timeout=2 + slack)
+        del held
+        await lease.release()
+
+
+async def test_crashed_holder_frees_within_ttl(backend_url: str, name: str) -> None:
+    # memcached expiries are whole seconds: ceil(ttl) + 2 at worst (see its module doc)
+    slack = 2.5 if backend_url.startswith("memcached://") else 0.0
+    async with aiolock.connect(backend_url) as locks:
+        crashed = aiolock.connect(backend_url)
+        await crashed.__aenter__()
+        old = await crashed.lock(name, ttl=0.5).acquire()
+        crashed._abandon_for_demo()
+        started = time.monotonic()
+        lease = await locks.lock(name).acquire(timeout=3 + slack)
+        assert time.monotonic() - started < 0.5 + 0.3 + slack
+        assert lease.token > old.token
+        await lease.release()
+
+
+async def test_writer_that_gives_up_does_not_block_readers(locks: aiolock.Locks, name: str) -> None:
+    need(locks, Capability.RWLOCK)
+    reader = await locks.rwlock(name).read().acquire()
+    with pytest.raises(aiolock.LockTimeout):
+        await asyncio.create_task(locks.rwlock(name).write().acquire(timeout=0.1))
+    other = await asyncio.create_task(locks.rwlock(name).read().acquire(timeout=0.5))
+    await other.release()
+    await reader.release()
+
+
+async def test_release_after_close_is_a_no_op(backend_url: str, name: str) -> None:
+    locks = aiolock.connect(backend_url)
+    lease = await locks.lock(name).acquire()
+    await locks.aclose()
+    await lease.release()
+    assert lease.released and not lease.lost
+    with pytest.raises(aiolock.LockError, match="closed"):
+        await locks.lock(name).acquire()
+
+
+async def test_try_once_on_a_fair_lock(locks: aiolock.Locks, name: str) -> None:
+    """timeout=0 means one try, also for a fair lock never waited on before."""
+    need(locks, Capability.FAIR)
+    lease = await locks.lock(name, fair=True).acquire(timeout=0)  # free: granted
+    with pytest.raises(aiolock.LockTimeout):
+        await asyncio.create_task(locks.lock(name, fair=True).acquire(timeout=0))
+    await lease.release()
+    other = await asyncio.create_task(locks.lock(name, fair=True).acquire(timeout=0))
+    assert other.token > lease.token  # the timed-out try left no place in the queue
+    await other.release()

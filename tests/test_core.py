@@ -1,0 +1,120 @@
+"""Core regressions found in review: the watchdog, the async-with guard, on_lost."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+
+import pytest
+
+import aiolock
+from aiolock.abc import Claim
+from aiolock.backends.memory import MemoryBackend
+
+
+class StuckRenewals(MemoryBackend):
+    """Renewals never answer (a server that stopped responding)."""
+
+    async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
+        await asyncio.Event().wait()
+        return []
+
+
+async def test_watchdog_does_not_spin_while_a_renewal_hangs() -> None:
+    async with aiolock.connect(StuckRenewals(uuid.uuid4().hex)) as locks:
+        a = await locks.lock("a", ttl=1.2).acquire()  # its renewal hangs after 0.4 s
+        b = await locks.lock("b", ttl=1.15, watchdog=False).acquire()  # expires meanwhile
+        started = time.monotonic()
+        await asyncio.sleep(1.5)  # a spinning event loop would never come back here
+        assert time.monotonic() - started < 2.5
+        assert a.lost and b.lost  # lost at their last confirmed expiry, not renewed
+
+
+async def test_on_lost_callable_is_not_called_on_normal_release(locks: aiolock.Locks) -> None:
+    calls: list[aiolock.Lease] = []
+    lease = await locks.lock("cb", on_lost=calls.append).acquire()
+    await lease.release()
+    async with locks.lock("cb", on_lost=calls.append):
+        pass
+    await asyncio.sleep(0.05)
+    assert calls == []
+
+
+async def test_loss_seen_inside_the_body_leaves_no_stray_cancel() -> None:
+    async with aiolock.connect(f"memory://{uuid.uuid4().hex}") as locks:
+        task = asyncio.current_task()
+        assert task is not None
+        with pytest.raises(aiolock.LockLost):
+            async with locks.lock("s", ttl=0.1, watchdog=False) as lease:
+                time.sleep(0.15)  # a stall: the loss is found by lease.lost
+                assert lease.lost  # no await after this: the block ends here
+        assert task.cancelling() == 0
+        await asyncio.sleep(0)  # a stray cancel would fire here
+
+
+async def test_swallowed_guard_cancel_is_undone() -> None:
+    async with aiolock.connect(f"memory://{uuid.uuid4().hex}") as locks:
+        task = asyncio.current_task()
+        assert task is not None
+        with pytest.raises(aiolock.LockLost):
+            async with locks.lock("w", ttl=0.1, watchdog=False):
+                try:  # noqa: SIM105 -- spelled out: the body swallows the cancel
+                    await asyncio.sleep(1)
+                except asyncio.CancelledError:
+                    pass  # the body swallows the cancel and ends normally
+        assert task.cancelling() == 0
+
+
+async def test_outside_cancel_is_not_turned_into_lock_lost() -> None:
+    async with aiolock.connect(f"memory://{uuid.uuid4().hex}") as locks:
+
+        async def body() -> None:
+            async with locks.lock("c", ttl=0.1, watchdog=False, on_lost="raise"):
+                await asyncio.sleep(10)
+
+        task = asyncio.create_task(body())
+        await asyncio.sleep(0.3)  # the lease is lost meanwhile; the body runs on
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert task.cancelled()
+
+
+async def test_acquire_after_close_is_refused(backend_url: str) -> None:
+    locks = aiolock.connect(backend_url)
+    holder = await locks.lock("closing").acquire()
+    waiter = asyncio.create_task(locks.lock("closing").acquire())
+    await asyncio.sleep(0.05)
+    await locks.aclose()
+    with pytest.raises(aiolock.LockError):
+        await asyncio.wait_for(waiter, 5)
+    assert holder.released
+
+
+async def test_release_whose_reply_is_lost_is_still_a_release(redis_url: str, name: str) -> None:
+    """The connection drops after RELEASE was sent: the retry finds nothing to release,
+    which must not be reported as a lost lease."""
+    async with aiolock.connect(redis_url) as locks:
+        resp = locks.backend._resp  # type: ignore[attr-defined]
+        async with locks.lock(name):
+            pass  # loads the scripts, so the dropped RELEASE below really runs
+        async with locks.lock(name) as lease:
+            proto = resp._proto
+            original = proto.send
+
+            def send_then_drop(
+                data: bytes, loop: asyncio.AbstractEventLoop, expected: int = 1
+            ) -> object:
+                fut = original(data, loop, expected)
+
+                def lose_reply(data: bytes) -> None:
+                    proto._transport.abort()  # the release ran, but its reply is lost
+
+                proto.data_received = lose_reply
+                return fut
+
+            proto.send = send_then_drop
+        assert lease.released and not lease.lost
+        assert not await locks.lock(name).locked()

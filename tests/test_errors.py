@@ -1,0 +1,163 @@
+"""SPEC §4: bad input gets a ValueError saying what is accepted; unreachable servers
+raise BackendUnavailable in bounded time."""
+
+from __future__ import annotations
+
+import math
+import socket
+import time
+
+import pytest
+
+import aiolock
+from aiolock.backends.redis import redis_key_part
+
+
+def test_exception_hierarchy() -> None:
+    assert issubclass(aiolock.LockTimeout, aiolock.LockError)
+    assert issubclass(aiolock.LockTimeout, TimeoutError)
+    assert issubclass(aiolock.LockLost, aiolock.LockError)
+    assert issubclass(aiolock.BackendUnavailable, aiolock.LockError)
+    assert issubclass(aiolock.BackendUnavailable, ConnectionError)
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [("", "1 to 512"), ("x" * 513, "1 to 512"), (None, "str"), (42, "str"), (b"x", "str")],
+)
+async def test_bad_names(locks: aiolock.Locks, bad: object, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        locks.lock(bad)  # type: ignore[arg-type]
+
+
+async def test_longest_and_odd_names_work(locks: aiolock.Locks) -> None:
+    for name in ("x" * 512, "{a}", "}{", "%7B", "a b\nc", "ünï/cødé", "}"):
+        async with locks.lock(name) as lease:
+            assert lease.name == name
+            assert await locks.lock(name).locked()
+        assert not await locks.lock(name).locked()
+
+
+@pytest.mark.parametrize("ttl", [0, -1, math.nan, math.inf, "5", None, True])
+async def test_bad_ttl(locks: aiolock.Locks, ttl: object) -> None:
+    with pytest.raises(ValueError, match="ttl must be a number of seconds"):
+        locks.lock("x", ttl=ttl)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("timeout", [-1, math.nan, "1", True])
+async def test_bad_timeout(locks: aiolock.Locks, timeout: object) -> None:
+    with pytest.raises(ValueError, match="timeout must be"):
+        locks.lock("x", timeout=timeout)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout must be"):
+        await locks.lock("x").acquire(timeout=timeout)  # type: ignore[arg-type]
+
+
+async def test_bad_on_lost(locks: aiolock.Locks) -> None:
+    with pytest.raises(ValueError, match="'cancel', 'raise' or a callable"):
+        locks.lock("x", on_lost="ignore")
+
+
+async def test_bad_extend(locks: aiolock.Locks) -> None:
+    lease = await locks.lock("ext").acquire()
+    with pytest.raises(ValueError, match="ttl must be"):
+        await lease.extend(0)
+    await lease.release()
+
+
+async def test_bad_semaphore_limit(locks: aiolock.Locks) -> None:
+    if aiolock.Capability.SEMAPHORE not in locks.capabilities:
+        pytest.skip("no semaphores")
+    for limit in (0, -1, 1.5, "3", True):
+        with pytest.raises(ValueError, match="limit must be an int >= 1"):
+            locks.semaphore("s", limit=limit)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("nosuch://x", "supported schemes: memory://, redis://"),
+        ("localhost:6379", "expected a URL"),
+        ("", "expected a URL"),
+        ("redis://localhost:notaport/0", "port"),
+        ("redis:///0", "host"),
+        ("redis://localhost:6379/abc", "database"),
+    ],
+)
+def test_bad_urls(url: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        aiolock.connect(url)
+
+
+def test_bad_connect_target() -> None:
+    with pytest.raises(ValueError, match="URL"):
+        aiolock.connect(42)
+
+
+def test_bad_options() -> None:
+    with pytest.raises(ValueError, match="connect_timeout"):
+        aiolock.connect("redis://localhost:6379/0", connect_timeout=0)
+    with pytest.raises(ValueError, match="memory:// takes no options"):
+        aiolock.connect("memory://", connect_timeout=1)
+    with pytest.raises(ValueError, match="prefix"):
+        aiolock.connect("redis://localhost:6379/0", prefix="{x}")
+
+
+async def test_unsupported_feature_is_a_clear_value_error() -> None:
+    from aiolock.backends.memory import MemoryBackend
+
+    class Plain(MemoryBackend):
+        capabilities = frozenset()
+
+    async with aiolock.connect(Plain("plain")) as locks:
+        with pytest.raises(ValueError, match="rwlock\\(\\) is not supported"):
+            locks.rwlock("x")
+        with pytest.raises(ValueError, match="semaphore\\(\\) is not supported"):
+            locks.semaphore("x", limit=2)
+        with pytest.raises(ValueError, match="fair=True is not supported"):
+            locks.lock("x", fair=True)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_refused_connection_is_backend_unavailable() -> None:
+    started = time.monotonic()
+    with pytest.raises(aiolock.BackendUnavailable):
+        async with aiolock.connect(f"redis://127.0.0.1:{_closed_port()}/0", connect_timeout=1):
+            pass
+    assert time.monotonic() - started < 3
+
+
+async def test_blackholed_server_is_backend_unavailable_in_bounded_time() -> None:
+    """A server that accepts TCP but never answers: bounded by the timeouts."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        started = time.monotonic()
+        locks = aiolock.connect(f"redis://127.0.0.1:{port}/0", connect_timeout=0.5,
+                                request_timeout=0.5)
+        with pytest.raises(aiolock.BackendUnavailable):
+            await locks.lock("x").acquire(timeout=0)
+        await locks.aclose()
+        assert time.monotonic() - started < 5
+
+
+def test_redis_names_are_escaped_into_one_hash_tag() -> None:
+    for name in ("a", "{a}", "a}b", "}", "%7D", "x{y}z"):
+        part = redis_key_part(name)
+        assert "{" not in part and "}" not in part
+    assert redis_key_part("{") != redis_key_part("%7B")
+
+
+def test_import_needs_no_backend_library() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, aiolock; assert 'redis' not in sys.modules, sorted(sys.modules);"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr

@@ -1,0 +1,197 @@
+"""Fast unit tests of the Redis Lua scripts on fakeredis (in addition to the real-server
+suite, never instead of it)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import fakeredis
+import pytest
+
+from aiolock.backends._redis_scripts import (
+    ACQUIRE,
+    ACQUIRE_SHARED,
+    INSPECT,
+    RELEASE,
+    RELEASE_SHARED,
+    RENEW,
+    Script,
+)
+from aiolock.fencing import FENCED_WRITE
+
+
+@pytest.fixture
+async def r() -> AsyncIterator[Any]:
+    client = fakeredis.FakeAsyncRedis()
+    yield client
+    await client.aclose()
+
+
+def keys(name: str, owner: str) -> list[str]:
+    base = f"aiolock:lock:{{{name}}}"
+    return [base, base + ":seq", base + ":q", base + ":qt", base + ":x:" + owner]
+
+
+async def run(r: Any, script: Script, k: list[str], *args: Any) -> Any:
+    return await r.eval(script.source, len(k), *k, *args)
+
+
+async def acquire(r: Any, owner: str, ttl: int = 10_000, fair: bool = False) -> list[int]:
+    return await run(r, ACQUIRE, keys("n", owner), owner, ttl, "1" if fair else "0", ttl)
+
+
+async def release(r: Any, owner: str, abandon: bool = False) -> int:
+    return await run(r, RELEASE, keys("n", owner), owner, "chan", "1" if abandon else "0", 60_000)
+
+
+async def test_grant_busy_release(r: Any) -> None:
+    assert await acquire(r, "a") == [1, 1, 10_000]
+    busy = await acquire(r, "b")
+    assert busy[0] == 0 and 9_000 < busy[1] <= 10_000  # the holder's remaining ttl
+    again = await acquire(r, "a")  # a repeated grant (lost reply) is the same grant
+    assert again[0] == 1 and again[1] == 1
+    assert await release(r, "b") == 0  # not the owner: nothing happens
+    assert await release(r, "a") == 1
+    assert await release(r, "a") == 0  # idempotent
+    assert (await acquire(r, "b"))[:2] == [1, 2]  # tokens keep rising
+
+
+async def test_token_counter_never_expires(r: Any) -> None:
+    await acquire(r, "a", ttl=5)
+    assert await r.ttl("aiolock:lock:{n}:seq") == -1
+    assert 0 < await r.pttl("aiolock:lock:{n}") <= 5
+
+
+async def test_abandon_bars_a_late_grant(r: Any) -> None:
+    await release(r, "late", abandon=True)  # the cancel cleanup ran first...
+    assert await acquire(r, "late") == [-1]  # ...so the acquire still in flight cannot grant
+    assert not await r.exists("aiolock:lock:{n}")
+
+
+async def test_abandon_releases_a_granted_claim(r: Any) -> None:
+    await acquire(r, "a")
+    assert await release(r, "a", abandon=True) == 1
+    assert not await r.exists("aiolock:lock:{n}")
+
+
+async def test_renew_batch(r: Any) -> None:
+    await acquire(r, "a", ttl=1000)
+    k = ["aiolock:lock:{n}", "aiolock:lock:{n}", "aiolock:lock:{other}", "aiolock:lock:{other}"]
+    out = await r.eval(RENEW.source, 4, *k, "h", "a", 5000, "h", "b", 5000)
+    assert out == [5000, 0]
+    assert 4000 < await r.pttl("aiolock:lock:{n}") <= 5000
+    out = await r.eval(RENEW.source, 2, k[0], k[1], "h", "intruder", 5000)
+    assert out == [0]
+
+
+async def test_fair_queue_order_and_refresh(r: Any) -> None:
+    assert (await acquire(r, "a", fair=True))[0] == 1
+    assert (await acquire(r, "b", fair=True))[0] == 0
+    assert (await acquire(r, "c", fair=True))[0] == 0
+    assert await r.lrange("aiolock:lock:{n}:q", 0, -1) == [b"b", b"c"]
+    await release(r, "a")
+    assert (await acquire(r, "c", fair=True))[0] == 0  # not c's turn: b is first
+    assert (await acquire(r, "b", fair=True))[0] == 1
+    assert await r.lrange("aiolock:lock:{n}:q", 0, -1) == [b"c"]
+    busy = await acquire(r, "c", fair=True)
+    assert busy[0] == 0 and 0 < busy[1] <= 10_000 // 3  # refresh within a third of its ttl
+
+
+async def test_fair_abandon_leaves_queue_and_wakes_next(r: Any) -> None:
+    await acquire(r, "a", fair=True)
+    await acquire(r, "b", fair=True)
+    await acquire(r, "c", fair=True)
+    await release(r, "b", abandon=True)
+    assert await r.lrange("aiolock:lock:{n}:q", 0, -1) == [b"c"]
+    await release(r, "a")
+    assert (await acquire(r, "c", fair=True))[0] == 1
+
+
+async def test_fair_dead_waiter_is_skipped(r: Any) -> None:
+    await acquire(r, "a", fair=True)
+    await run(r, ACQUIRE, keys("n", "dead"), "dead", 10_000, "1", 1)  # place lapses in 1 ms
+    await acquire(r, "b", fair=True)
+    await release(r, "a")
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    assert (await acquire(r, "b", fair=True))[0] == 1
+
+
+async def test_inspect(r: Any) -> None:
+    out = await run(r, INSPECT, keys("n", "-"))
+    assert out[0] == b"" and out[1] == -1 and out[3] == -1
+    await acquire(r, "a")
+    owner, token, pttl, last, queued = await run(r, INSPECT, keys("n", "-"))
+    assert owner == b"a" and token == 1 and 0 < pttl <= 10_000 and last == 1 and queued == 0
+
+
+async def test_fenced_write(r: Any) -> None:
+    async def write(token: int, value: str) -> list[int]:
+        return await r.eval(FENCED_WRITE, 1, "res", token, value)
+
+    assert await write(5, "x") == [1, 5]
+    assert await write(5, "y") == [1, 5]  # the same holder may write again
+    assert await write(4, "stale") == [0, 5]
+    assert await write(6, "z") == [1, 6]
+    assert await r.hget("res", "value") == b"z"
+    assert await r.hget("res", "rejected") == b"1"
+
+
+def shared_keys(owner: str, family: str = "rw") -> list[str]:
+    base = f"aiolock:{family}:{{n}}"
+    return [base, base + ":seq", base + ":q", base + ":qt", base + ":x:" + owner,
+            base + ":h", base + ":ht"]
+
+
+async def shared(r: Any, owner: str, kind: str, ttl: int = 10_000, limit: int = 1,
+                 fair: bool = False) -> list[int]:
+    family = "sem" if kind == "p" else "rw"
+    return await run(r, ACQUIRE_SHARED, shared_keys(owner, family), owner, ttl,
+                     "1" if fair else "0", ttl, kind, limit)
+
+
+async def shared_release(r: Any, owner: str, kind: str) -> int:
+    family = "sem" if kind == "p" else "rw"
+    return await run(r, RELEASE_SHARED, shared_keys(owner, family), owner, "c", "0", 0, kind)
+
+
+async def test_readers_share_and_waiting_writer_goes_first(r: Any) -> None:
+    assert (await shared(r, "r1", "r"))[:2] == [1, 1]
+    assert (await shared(r, "r2", "r"))[:2] == [1, 2]
+    assert (await shared(r, "w", "w"))[0] == 0  # readers hold: the writer queues
+    assert (await shared(r, "r3", "r"))[0] == 0  # a writer waits: new readers wait too
+    assert await shared_release(r, "r1", "r") == 1
+    assert await shared_release(r, "r2", "r") == 1
+    granted = await shared(r, "w", "w")
+    assert granted[0] == 1 and granted[1] == 3
+    assert (await shared(r, "r3", "r"))[0] == 0  # the writer holds
+    assert await shared_release(r, "w", "w") == 1
+    assert (await shared(r, "r3", "r"))[:2] == [1, 4]
+
+
+async def test_dead_reader_share_expires(r: Any) -> None:
+    import asyncio
+
+    assert (await shared(r, "r1", "r", ttl=20))[0] == 1
+    assert (await shared(r, "w", "w"))[0] == 0
+    await asyncio.sleep(0.05)
+    assert (await shared(r, "w", "w"))[0] == 1  # the reader's share lapsed with its ttl
+
+
+async def test_semaphore_limit_and_regrant(r: Any) -> None:
+    assert (await shared(r, "a", "p", limit=2))[:2] == [1, 1]
+    assert (await shared(r, "b", "p", limit=2))[:2] == [1, 2]
+    busy = await shared(r, "c", "p", limit=2)
+    assert busy[0] == 0 and 9_000 < busy[1] <= 10_000
+    assert (await shared(r, "a", "p", limit=2))[:2] == [1, 1]  # repeated: same grant
+    assert await shared_release(r, "a", "p") == 1
+    assert (await shared(r, "c", "p", limit=2))[:2] == [1, 3]
+
+
+async def test_renew_shared_holder(r: Any) -> None:
+    await shared(r, "a", "p", ttl=1000, limit=3)
+    k = ["aiolock:sem:{n}:h", "aiolock:sem:{n}:ht"]
+    assert await r.eval(RENEW.source, 2, *k, "z", "a", 5000) == [5000]
+    assert await r.eval(RENEW.source, 2, *k, "z", "gone", 5000) == [0]
