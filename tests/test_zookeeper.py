@@ -10,8 +10,8 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
 import struct
+import subprocess
 import sys
 import textwrap
 import time
@@ -277,7 +277,7 @@ async def _expire_session(backend: ZooKeeperBackend) -> None:
                     conn.writer.write(struct.pack("!i", len(payload)) + payload)
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(conn.reader.read(), 2)  # until the server hangs up
-            except (asyncio.TimeoutError, OSError, aiozk.exc.ZKError):
+            except (TimeoutError, OSError, aiozk.exc.ZKError):
                 pass
             finally:
                 conn.writer.close()
