@@ -22,6 +22,9 @@ SCHEMES: dict[str, tuple[str, str, str | None]] = {
     "postgresql": ("aiolock.backends.postgres", "PostgresBackend", "postgres"),
     "postgres": ("aiolock.backends.postgres", "PostgresBackend", "postgres"),
     "memcached": ("aiolock.backends.memcached", "MemcachedBackend", None),
+    "redis+cluster": ("aiolock.backends.redis_cluster", "RedisClusterBackend", "redis"),
+    "redis+sentinel": ("aiolock.backends.redis_sentinel", "RedisSentinelBackend", "redis"),
+    "redlock": ("aiolock.backends.redlock", "RedlockBackend", "redis"),
 }
 
 
