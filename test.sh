@@ -2,6 +2,8 @@
 # The test command: sets up everything on a fresh machine, then runs pytest.
 #   ./test.sh              the whole suite (real servers started by the tests)
 #   ./test.sh -k fair      any pytest arguments pass through
+#   ./test.sh faults ...   the fault harness (tests/faults/) instead of pytest:
+#                          ./test.sh faults --quick | --long [--backends redis,zookeeper]
 # It creates .venv, installs aiolock with its test extras, installs Debian's
 # redis-server, zookeeper, postgresql and memcached if they are missing, and runs pytest. The tests start their own servers on
 # free loopback ports; nothing depends on a server started by hand.
@@ -29,4 +31,8 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q -e ".[test]" 2>&1 | grep -vE "^\s*$|WARNING: Location" || true
 
+if [ "${1:-}" = "faults" ]; then
+  shift
+  exec .venv/bin/python -m tests.faults "$@"
+fi
 exec .venv/bin/python -m pytest "$@"
