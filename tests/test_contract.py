@@ -414,6 +414,7 @@ async def test_crashed_holder_frees_within_ttl(backend_url: str, name: str) -> N
         assert time.monotonic() - started < 0.5 + 0.3 + slack
         assert lease.token > old.token
         await lease.release()
+        await crashed.backend.aclose()  # the "crashed" process's sockets (no release)
 
 
 async def test_writer_that_gives_up_does_not_block_readers(locks: aiolock.Locks, name: str) -> None:
