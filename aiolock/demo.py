@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from ._connect import connect
 from ._locks import Locks
+from .abc import Capability
 from .errors import LockLost, LockTimeout
 from .fencing import FencedResource, MemoryFencedResource
 
@@ -68,7 +69,8 @@ async def run_demo(url: str | None = None, out: TextIO = sys.stdout) -> int:
 
     async def worker(i: int) -> None:
         who = f"worker-{i}"
-        lock = conns[i].lock(name, ttl=TTL, timeout=30, fair=True)
+        fair = Capability.FAIR in conns[i].capabilities  # FIFO where the backend offers it
+        lock = conns[i].lock(name, ttl=TTL, timeout=30, fair=fair)
         for round_ in range(ROUNDS):
             await asyncio.sleep(0.05 * i)
             screen.say(who, "waiting for the lock", "dim")
