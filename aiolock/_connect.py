@@ -58,9 +58,11 @@ def connect(target: str | Backend | Any, **options: Any) -> Locks:
 
     ``target`` is a URL (``memory://``, ``redis://host:port/db``, ``rediss://...``,
     ``unix:///path.sock``, ``zookeeper://host:port,host:port/chroot``,
-    ``postgresql://user@host:port/db``, ``memcached://host:port``), a
-    :class:`aiolock.abc.Backend`, or a client you already have
-    (a ``redis.asyncio.Redis``; it is not closed when the connection closes).
+    ``postgresql://user@host:port/db``, ``memcached://host:port``,
+    ``redis+cluster://host:port,host:port``, ``redis+sentinel://host:port,.../service``,
+    ``redlock://host:port,host:port,host:port``), a :class:`aiolock.abc.Backend`, or a
+    client you already have (a ``redis.asyncio.Redis`` or ``RedisCluster``; it is not
+    closed when the connection closes).
 
     Use ``async with aiolock.connect(url) as locks:`` (connects eagerly and raises
     :class:`aiolock.BackendUnavailable` if the server cannot be reached within
@@ -75,6 +77,10 @@ def connect(target: str | Backend | Any, **options: Any) -> Locks:
     if isinstance(target, str):
         return Locks(backend_from_url(target, **options))
     if type(target).__module__.startswith("redis."):
+        if type(target).__name__ == "RedisCluster":
+            from .backends.redis_cluster import RedisClusterBackend
+
+            return Locks(RedisClusterBackend(target, **options))
         from .backends.redis import RedisBackend
 
         return Locks(RedisBackend(target, **options))

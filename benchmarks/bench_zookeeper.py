@@ -9,10 +9,11 @@
     the median round is reported.
 (b) Handoff: 16 contenders loop acquire -> release on one lock for a fixed time. aiolock
     runs twice (16 ``aiolock.connect`` sessions; 16 tasks on one session), aiozk with 16
-    clients, kazoo with 16 threads and 16 clients. Reported: handoffs per second and the
-    handoff latency, from the moment a holder's ``release()`` call returned to the moment
-    the next holder's ``acquire()`` returned (``time.monotonic()``), plus a
-    mutual-exclusion check.
+    clients, kazoo with 16 threads and 16 clients. Each runs 3 times, the order
+    alternating between rounds; reported: the median run's handoffs per second and the
+    handoff latency over all runs, from the moment a holder's ``release()`` call
+    returned to the moment the next holder's ``acquire()`` returned
+    (``time.monotonic()``), plus a mutual-exclusion check.
 
 Requests and watch notifications are counted on the server, from ``mntr`` deltas
 (``zk_packets_received``; the ``zk_sum_node_*_watch_count`` summaries, which add up how
@@ -72,10 +73,11 @@ class Settings:
     rounds: int  # (a) alternating rounds
     cycles: int  # (a) cycles per round
     contend_s: float  # (b) one timed run
+    contend_rounds: int  # (b) alternating runs per implementation
 
 
-FULL = Settings(5, 1000, 6.0)
-QUICK = Settings(5, 300, 2.5)
+FULL = Settings(5, 1000, 3.0, 3)
+QUICK = Settings(5, 300, 1.5, 3)
 
 
 def log(message: str) -> None:
@@ -414,12 +416,33 @@ class Contended:
 @dataclass
 class ContendedResult:
     label: str
-    tally: Tally | None = None
-    counts: Counts | None = None  # over the whole run, session set-up included
+    tallies: list[Tally] = field(default_factory=list)  # one per round
+    counts: Counts = Counts(0, 0)  # over all rounds, session set-up included
 
     @property
     def errors(self) -> list[str]:
-        return self.tally.errors if self.tally else []
+        return [e for t in self.tallies for e in t.errors]
+
+    @property
+    def violations(self) -> int:
+        return sum(t.violations for t in self.tallies)
+
+    @property
+    def max_holders(self) -> int:
+        return max((t.max_holders for t in self.tallies), default=0)
+
+    @property
+    def acquisitions(self) -> int:
+        return sum(t.acquisitions for t in self.tallies)
+
+    def handoffs(self) -> list[float]:
+        return [x for t in self.tallies for x in t.handoffs()]
+
+    def median_rate(self, what: str) -> float:
+        """Median over the rounds of handoffs (``what="handoffs"``) or acquisitions per second."""
+        rates = [(len(t.handoffs()) if what == "handoffs" else t.in_window()) / t.seconds
+                 for t in self.tallies]
+        return statistics.median(rates) if rates else float("nan")
 
 
 async def run_contended(impl: Contended, hosts: str, base: str, seconds: float) -> Tally:
@@ -432,22 +455,29 @@ async def run_contended(impl: Contended, hosts: str, base: str, seconds: float) 
 async def bench_contended(
     impls: list[Contended], server: ZooKeeperServer, base: str, s: Settings
 ) -> list[ContendedResult]:
-    results = []
-    for impl in impls:
-        res = ContendedResult(impl.label)
-        results.append(res)
-        before = await server_counts(server)
-        try:
-            res.tally = await run_contended(impl, server.hosts, base, s.contend_s)
-        except Exception:
-            res.tally = Tally(s.contend_s)
-            res.tally.errors.append(traceback.format_exc())
-        res.counts = await server_counts(server) - before
-        t = res.tally
-        log(f"(b) {impl.label}: {len(t.handoffs()) / s.contend_s:,.0f} handoffs/s, "
-            f"{t.acquisitions:,} acquisitions, {len(t.errors)} error(s)")
-        for err in t.errors[:3]:
-            log(f"(b) {impl.label} error:\n{err}")
+    """``s.contend_rounds`` runs of ``s.contend_s`` per implementation, the order
+    alternating between rounds (the machine's load drifts: no implementation should
+    always run first or last)."""
+    results = [ContendedResult(impl.label) for impl in impls]
+    for rnd in range(s.contend_rounds):
+        order = list(range(len(impls)))
+        if rnd % 2:
+            order.reverse()
+        for i in order:
+            impl, res = impls[i], results[i]
+            before = await server_counts(server)
+            try:
+                t = await run_contended(impl, server.hosts, f"{base}/h{rnd}", s.contend_s)
+            except Exception:
+                t = Tally(s.contend_s)
+                t.errors.append(traceback.format_exc())
+            res.counts += await server_counts(server) - before
+            res.tallies.append(t)
+            log(f"(b) round {rnd + 1}/{s.contend_rounds} {impl.label}: "
+                f"{len(t.handoffs()) / s.contend_s:,.0f} handoffs/s, "
+                f"{t.acquisitions:,} acquisitions, {len(t.errors)} error(s)")
+            for err in t.errors[:3]:
+                log(f"(b) {impl.label} error:\n{err}")
     return results
 
 
@@ -475,26 +505,26 @@ def print_uncontended(s: Settings, rows: list[UncontendedResult]) -> None:
 
 
 def print_contended(s: Settings, rows: list[ContendedResult]) -> None:
-    print(f"\n(b) Handoff: {CONTENDERS} contenders, one lock, acquire -> release for {s.contend_s:g} s; "
-          f"latency = release() returned -> next holder's acquire() returned")
+    print(f"\n(b) Handoff: {CONTENDERS} contenders, one lock, acquire -> release; median of "
+          f"{s.contend_rounds} alternating runs x {s.contend_s:g} s; latency = release() returned "
+          f"-> next holder's acquire() returned (all runs)")
     head = (f"{'implementation':<46}{'handoffs/s':>11}{'acq/s':>8}{'lat p50':>10}{'lat p99':>10}"
             f"{'<0':>5}{'req/acq':>9}{'watches/rel':>13}{'max holders':>13}{'violations':>12}"
             f"{'errors':>8}")
     print(head)
     print("-" * len(head))
     for row in rows:
-        t = row.tally
-        if t is None:
+        if not row.tallies:
             continue
-        lat = t.handoffs()
-        n = t.acquisitions
-        req = row.counts.packets / n if row.counts and n else None
-        wch = row.counts.watches / n if row.counts and n else None
-        print(f"{row.label:<46}{len(lat) / s.contend_s:>11,.0f}{t.in_window() / s.contend_s:>8,.0f}"
+        lat = row.handoffs()
+        n = row.acquisitions
+        req = row.counts.packets / n if n else None
+        wch = row.counts.watches / n if n else None
+        print(f"{row.label:<46}{row.median_rate('handoffs'):>11,.0f}{row.median_rate('acq'):>8,.0f}"
               f"{fmt(percentile(lat, 50) * 1000, '.2f') + ' ms':>10}"
               f"{fmt(percentile(lat, 99) * 1000, '.2f') + ' ms':>10}"
               f"{sum(x < 0 for x in lat):>5}{fmt(req, '.2f'):>9}{fmt(wch, '.2f'):>13}"
-              f"{t.max_holders:>13}{t.violations:>12}{len(t.errors):>8}")
+              f"{row.max_holders:>13}{row.violations:>12}{len(row.errors):>8}")
 
 
 def environment(server: ZooKeeperServer) -> str:
@@ -561,7 +591,7 @@ async def main(s: Settings) -> int:
         print(f"# total {time.perf_counter() - started:.0f} s")
 
         failures = [r.label for r in a if r.error]
-        failures += [r.label for r in b if r.errors or (r.tally and r.tally.violations)]
+        failures += [r.label for r in b if r.errors or r.violations]
         if failures:
             print(f"# PROBLEMS: {'; '.join(failures)}")
         return 1 if failures else 0
@@ -572,6 +602,6 @@ async def main(s: Settings) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="shorter runs (300 cycles per round, 2.5 s handoff runs)")
+                        help="shorter runs (300 cycles per round, 1.5 s handoff runs)")
     args = parser.parse_args()
     sys.exit(asyncio.run(main(QUICK if args.quick else FULL)))

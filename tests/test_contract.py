@@ -9,6 +9,7 @@ import asyncio
 import gc
 import random
 import time
+import uuid
 import warnings
 
 import pytest
@@ -447,3 +448,21 @@ async def test_try_once_on_a_fair_lock(locks: aiolock.Locks, name: str) -> None:
     other = await asyncio.create_task(locks.lock(name, fair=True).acquire(timeout=0))
     assert other.token > lease.token  # the timed-out try left no place in the queue
     await other.release()
+
+
+async def test_waiters_on_many_names_are_all_woken(locks: aiolock.Locks) -> None:
+    """Many tasks cycling many names at once: every release must reach its waiters (a
+    missed signal would leave them to their retry timers and stall the run)."""
+    names = [f"many-{uuid.uuid4().hex[:10]}-{i}" for i in range(10)]
+    done = 0
+
+    async def worker(i: int) -> None:
+        nonlocal done
+        for _ in range(5):
+            async with locks.lock(names[i % len(names)], ttl=30):
+                await asyncio.sleep(0.001)
+            done += 1
+
+    async with asyncio.timeout(20):  # seconds; a stall waits for ttl=30 retries
+        await asyncio.gather(*(worker(i) for i in range(30)))
+    assert done == 150

@@ -26,7 +26,7 @@ from aiolock import _connect
 from aiolock.abc import Claim, Kind
 
 from .servers import free_port
-from .zk_server import ZooKeeperServer, zookeeper_classpath
+from .zk_server import ZooKeeperServer, four_letter, zookeeper_classpath
 
 aiozk = pytest.importorskip("aiozk")
 
@@ -385,3 +385,129 @@ async def test_abandon_finds_node_whose_create_reply_was_lost(locks: aiolock.Loc
     await backend.abandon(claim)
     await asyncio.sleep(0.1)
     assert await _children(locks, name) == []
+
+
+async def test_release_whose_reply_was_lost_is_a_release(backend_url: str, name: str) -> None:
+    """The delete reaches the server, its reply is lost with the connection, aiozk sends it
+    again after reconnecting and finds nothing: that is a release, not a lost lease."""
+    async with aiolock.connect(backend_url, session_timeout=10) as a, aiolock.connect(backend_url) as b:
+        session = _backend(a).client.session
+        sid = session.session_id
+        dropped = asyncio.Event()
+
+        async def drop_once_deleted() -> None:
+            while await b.lock(name).locked():  # until the server applied the delete
+                await asyncio.sleep(0.005)
+            conn.writer.transport.abort()  # ... whose reply was never read
+            dropped.set()
+
+        async with a.lock(name, ttl=10) as lease:  # raises LockLost if the release says lost
+            conn = session.conn
+            conn.writer.transport.pause_reading()
+            helper = asyncio.create_task(drop_once_deleted())
+        await asyncio.wait_for(helper, 10)
+        assert dropped.is_set() and lease.released and not lease.lost
+        assert session.session_id == sid  # the same session: the resent delete found nothing
+        # a cancelled release finishing in the background counts as a release as well
+        lease = await a.lock(name, ttl=10).acquire()
+        task = asyncio.create_task(lease.release())
+        for _ in range(3):
+            await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await lease.release()
+        assert lease.released and not lease.lost
+        assert not await b.lock(name).locked()
+
+
+async def test_spurious_watch_event_does_not_strand_a_waiter(backend_url: str, name: str) -> None:
+    """A watch may fire while its node still exists (after a reconnect the server answers a
+    re-registered child watch with "children changed"); the waiter looks again and must
+    watch the node again, or the release would only be seen at the next timed re-check."""
+    from aiozk.protocol import WatchEvent
+
+    async with aiolock.connect(backend_url, session_timeout=20) as a, aiolock.connect(backend_url) as b:
+        holder = await a.lock(name, ttl=30).acquire()
+        waiter = asyncio.create_task(b.lock(name, ttl=30).acquire(timeout=30))
+        await asyncio.sleep(0.3)
+        backend = _backend(b)
+        (path,) = backend._watching
+        backend.client.session.event_dispatch(
+            WatchEvent(type=WatchEvent.CHILDREN_CHANGED, state=3, path=path))
+        await asyncio.sleep(0.3)  # it looked again: still busy
+        assert not waiter.done() and path in backend._watching
+        released = time.monotonic()
+        await holder.release()
+        lease = await asyncio.wait_for(waiter, 30)
+        assert time.monotonic() - released < 2.5  # the watch, not the 5 s re-check
+        await lease.release()
+
+
+def _changed_watches(server: ZooKeeperServer) -> int:
+    """How many watchers data changes have triggered on the server so far (``mntr``)."""
+    for line in four_letter(server.port, "mntr", 2.0).splitlines():
+        key, _, value = line.partition("\t")
+        if key == "zk_sum_node_changed_watch_count":
+            return int(value)
+    raise AssertionError("no zk_sum_node_changed_watch_count in mntr")
+
+
+async def test_renewals_and_grants_fire_no_watch(zk_server: ZooKeeperServer, backend_url: str,
+                                                 name: str) -> None:
+    """Waiters watch their predecessor with a child watch: a renewal (setData) of the
+    node they wait for triggers no watch on the server and wakes nobody; only its
+    deletion does."""
+    async with aiolock.connect(backend_url) as a, aiolock.connect(backend_url) as b, \
+            aiolock.connect(backend_url) as c:
+        fired: list[str] = []
+        for conn in (b, c):
+            backend = _backend(conn)
+            original = backend._on_deleted
+
+            def counting(path: str, _orig: Any = original) -> None:
+                fired.append(path)
+                _orig(path)
+
+            backend._on_deleted = counting  # type: ignore[method-assign]
+
+        async def renew_a_few_times(lease: aiolock.Lease) -> None:
+            for ttl in (7, 8, 7, 8):  # a new ttl each time: a setData on the server
+                await lease.extend(ttl)
+
+        changed = await asyncio.to_thread(_changed_watches, zk_server)
+        holder = await a.lock(name, ttl=8).acquire()
+        first = asyncio.create_task(b.lock(name, ttl=8).acquire(timeout=20))
+        await asyncio.sleep(0.2)
+        second = asyncio.create_task(c.lock(name, ttl=8).acquire(timeout=20))
+        await asyncio.sleep(0.2)
+        await renew_a_few_times(holder)
+        await asyncio.sleep(0.2)
+        assert fired == [] and not first.done() and not second.done()
+        await holder.release()
+        lease = await asyncio.wait_for(first, 10)  # granted: the next one watches it
+        await renew_a_few_times(lease)
+        await asyncio.sleep(0.2)
+        assert len(fired) == 1 and not second.done()
+        await lease.release()
+        await (await asyncio.wait_for(second, 10)).release()
+        assert len(fired) == 2
+        assert await asyncio.to_thread(_changed_watches, zk_server) == changed
+
+
+async def test_try_once_on_a_busy_lock_leaves_no_node(backend_url: str, name: str) -> None:
+    """``acquire(timeout=0)`` on a held lock gives up after one try; the node that try put
+    in the queue goes too, so it cannot block the lock after the holder releases."""
+    async with aiolock.connect(backend_url) as a, aiolock.connect(backend_url) as b:
+        holder = await a.lock(name, ttl=30).acquire()
+        with pytest.raises(aiolock.LockTimeout):
+            await b.lock(name, ttl=30).acquire(timeout=0)
+        with pytest.raises(aiolock.LockTimeout):
+            await b.lock(name, ttl=30).acquire(timeout=0.2)
+        for _ in range(100):
+            if len(await _children(a, name)) == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert len(await _children(a, name)) == 1
+        await holder.release()
+        lease = await a.lock(name).acquire(timeout=0)
+        await lease.release()

@@ -48,6 +48,7 @@ class Signals:
         self._rewake: set[str] = set()
         self._local_releases: set[str] = set()  # owner ids released by this process
         self._background: set[asyncio.Future[None]] = set()
+        self._subscribing = asyncio.Lock()
         self._closed = False
 
     async def listen(self, channel: str, waiter: Waiter) -> None:
@@ -68,9 +69,12 @@ class Signals:
 
     async def _subscribe(self, channel: str) -> None:
         try:
-            if self._pubsub is None:
-                self._pubsub = self._client.pubsub()
-            await self._pubsub.subscribe(channel)
+            # one at a time: redis-py's PubSub opens a connection per concurrent first
+            # SUBSCRIBE and reads only the last one, so the others' messages are lost
+            async with self._subscribing:
+                if self._pubsub is None:
+                    self._pubsub = self._new_pubsub()
+                await self._pubsub.subscribe(channel)
         except Exception as exc:  # waiters still retry by their timers
             log.warning("could not subscribe to %s: %s", channel, exc)
             fut = self._confirmed.pop(channel, None)
@@ -79,6 +83,40 @@ class Signals:
             return
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
+
+    async def warm(self) -> None:
+        """Open the pub/sub connection now (its handshake then does not delay the first
+        waiter); a failure is only logged: listening retries later."""
+        try:
+            async with self._subscribing:
+                if self._pubsub is None:
+                    self._pubsub = self._new_pubsub()
+                await self._pubsub.connect()
+        except Exception as exc:
+            log.debug("could not open the pub/sub connection yet: %s", exc)
+
+    def _new_pubsub(self) -> Any:
+        """Hook: a new ``redis.asyncio`` PubSub object (not yet subscribed to anything)."""
+        return self._client.pubsub()
+
+    async def _reconnect(self) -> None:
+        """Hook, called after the pub/sub connection failed (and a backoff pause).
+
+        Here nothing: redis-py reconnects the same PubSub on its next read and
+        resubscribes its channels. A subclass may move to another server instead.
+        """
+
+    def _connection_lost(self) -> None:
+        """The connection dropped: waiters retry at once, and again once their channel
+        is confirmed anew (messages sent in between were missed)."""
+        loop = asyncio.get_running_loop()
+        for channel, old in list(self._confirmed.items()):
+            # redis-py resubscribes on reconnect; that confirmation wakes them again
+            if not old.done():
+                old.set_result(None)  # its listeners go on, relying on timers
+            self._confirmed[channel] = loop.create_future()
+            self._rewake.add(channel)
+        self._wake_all()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -120,16 +158,10 @@ class Signals:
                 raise
             except Exception as exc:
                 log.warning("pub/sub connection lost (%s); reconnecting", exc)
-                loop = asyncio.get_running_loop()
-                for channel, old in list(self._confirmed.items()):
-                    # redis-py resubscribes on reconnect; that confirmation wakes them again
-                    if not old.done():
-                        old.set_result(None)  # its listeners go on, relying on timers
-                    self._confirmed[channel] = loop.create_future()
-                    self._rewake.add(channel)
-                self._wake_all()
+                self._connection_lost()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
+                await self._reconnect()
                 continue
             if message is None:
                 self._unsubscribe_idle()
@@ -148,6 +180,8 @@ class Signals:
                 fut = self._confirmed.get(channel)
                 if fut is not None and not fut.done():
                     fut.set_result(None)
+                elif fut is not None:  # confirmed again: redis-py resubscribed after a
+                    self._rewake.add(channel)  # silent reconnect, messages may be lost
                 if channel in self._rewake:  # catch releases made while we were cut off
                     self._rewake.discard(channel)
                     for waiter in list(self._waiters.get(channel, ())):

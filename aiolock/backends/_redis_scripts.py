@@ -27,7 +27,7 @@ import hashlib
 
 __all__ = [
     "ACQUIRE", "ACQUIRE_SHARED", "INSPECT", "INSPECT_SHARED", "RELEASE", "RELEASE_SHARED",
-    "RENEW", "Script",
+    "RENEW", "SCRIPTS", "Script",
 ]
 
 
@@ -319,3 +319,8 @@ local left = -1
 if lastend[2] and tonumber(lastend[2]) > now then left = tonumber(lastend[2]) - now end
 return {owner, token, redis.call('pttl', KEYS[1]), last, redis.call('llen', KEYS[3]), live, left}
 """)
+
+
+#: Every script, loaded together: a release must never wait for its own script to load
+#: while an acquire sent after it (already loaded) overtakes it on the same connection.
+SCRIPTS = (ACQUIRE, RELEASE, RENEW, INSPECT, ACQUIRE_SHARED, RELEASE_SHARED, INSPECT_SHARED)

@@ -43,6 +43,7 @@ from ._redis_scripts import (
     RELEASE,
     RELEASE_SHARED,
     RENEW,
+    SCRIPTS,
     Script,
 )
 from ._resp import RespClient, ResponseError
@@ -74,7 +75,7 @@ class RedisBackend(Backend):
     def __init__(
         self, client: Any, *, prefix: str = "aiolock", request_timeout: float = 5.0,
         url: str | None = None, owns_client: bool = False, resp: RespClient | None = None,
-        connect_timeout: float = 5.0,
+        connect_timeout: float = 5.0, signals: Signals | None = None,
     ) -> None:
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise ValueError(f"prefix must be a non-empty str without braces, got {prefix!r}")
@@ -88,7 +89,9 @@ class RedisBackend(Backend):
         self._call: Callable[..., Awaitable[Any]] = (
             resp.call if resp is not None else client.execute_command
         )
-        self.signals = Signals(client, request_timeout)
+        self._request_timeout = request_timeout
+        self._gates: dict[tuple[str, str], _Gate] = {}  # see try_acquire
+        self.signals = signals if signals is not None else Signals(client, request_timeout)
 
     @classmethod
     def from_url(
@@ -171,7 +174,7 @@ class RedisBackend(Backend):
             except (ResponseError, rexc.NoScriptError) as exc:
                 if not str(exc).startswith("NOSCRIPT") and not isinstance(exc, rexc.NoScriptError):
                     raise
-                await call("SCRIPT", "LOAD", script.source)
+                await self._load_scripts()
                 return await call("EVALSHA", script.sha, len(keys), *keys, *args)
         except (ConnectionError, TimeoutError, OSError, rexc.ConnectionError, rexc.TimeoutError) as exc:
             raise BackendUnavailable(
@@ -180,18 +183,50 @@ class RedisBackend(Backend):
         except (ResponseError, rexc.RedisError) as exc:
             raise LockError(f"Redis at {self._url} refused {script.name}: {exc}") from exc
 
+    async def _load_scripts(self) -> None:
+        """Load every script, not only the missing one: the server lost them all at once
+        (first use, restart, ``SCRIPT FLUSH``), and on one ordered connection a release
+        that waits to load its script must not be overtaken by an acquire whose script
+        is already there (the core wakes that acquire as soon as the release is sent)."""
+        if self.ordered:  # one pipelined burst
+            await asyncio.gather(*(self._call("SCRIPT", "LOAD", s.source) for s in SCRIPTS))
+        else:
+            for each in SCRIPTS:
+                await self._call("SCRIPT", "LOAD", each.source)
+
     # -- primitives -------------------------------------------------------------------------
 
     async def connect(self) -> None:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 await self._call("PING")
+                if self.ordered:
+                    await self._load_scripts()  # now rather than at the first NOSCRIPT
         except (ConnectionError, TimeoutError, OSError, rexc.ConnectionError, rexc.TimeoutError) as exc:
             raise BackendUnavailable(
                 f"cannot reach Redis at {self._url} ({type(exc).__name__}: {exc})"
             ) from exc
 
     async def try_acquire(self, claim: Claim) -> Granted | Busy:
+        if self.ordered or not (claim.fair or claim.kind is Kind.WRITE):
+            return await self._try_acquire(claim)
+        # Claims that take a place in the server's queue must reach it in the order they
+        # were made; a connection pool may reorder concurrent requests (one may wait for
+        # a new connection), so those of one name go one at a time, first come first.
+        key = (claim.kind.family, claim.name)
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates[key] = _Gate()
+        gate.users += 1
+        try:
+            async with gate.lock:
+                return await self._try_acquire(claim)
+        finally:
+            gate.users -= 1
+            if not gate.users:
+                del self._gates[key]
+
+    async def _try_acquire(self, claim: Claim) -> Granted | Busy:
         keys = self._keys(claim.name, claim.owner, claim.kind)
         fair = "1" if claim.fair else "0"
         if claim.kind is Kind.LOCK:
@@ -210,6 +245,12 @@ class RedisBackend(Backend):
     async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
         if not claims:
             return []
+        keys, args = self._renew_request(claims)
+        reply = await self._run(RENEW, keys, *args)
+        return [int(ms) or None for ms in reply]
+
+    def _renew_request(self, claims: Sequence[Claim]) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of one ``RENEW`` script call for ``claims``."""
         keys: list[str] = []
         args: list[Any] = []
         for claim in claims:
@@ -220,8 +261,7 @@ class RedisBackend(Backend):
             else:
                 keys += (base + ":h", base + ":ht")
                 args += ("z", claim.owner, claim.ttl_ms)
-        reply = await self._run(RENEW, keys, *args)
-        return [int(ms) or None for ms in reply]
+        return keys, args
 
     async def release(self, claim: Claim) -> bool:
         keys = self._keys(claim.name, claim.owner, claim.kind)
@@ -293,6 +333,16 @@ class RedisBackend(Backend):
 
 
 _KIND = {Kind.READ: "r", Kind.WRITE: "w", Kind.PERMIT: "p"}
+
+
+class _Gate:
+    """Queued acquire attempts of one name, sent one at a time (see try_acquire)."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
 
 
 def _client_url(client: Any) -> str:

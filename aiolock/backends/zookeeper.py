@@ -20,19 +20,33 @@ Recipes (FIFO by sequence number, so every lock is fair):
   ``limit`` ``permit-`` nodes.
 
 A waiter watches only the nodes whose deletion can grant it (its predecessor; for a
-reader the last writer before it; for a permit the ``limit`` nodes before it), and still
+reader the last writer before it; for a permit the ``limit`` nodes before it), with a
+*child* watch on that node (``getChildren`` of the lock node): lock nodes are ephemeral
+and have no children, so the watch fires only when the node is deleted -- never on the
+``setData`` of a renewal -- and exactly one watch fires per release. A waiter still
 re-reads the children on a bounded timer and after every reconnect, so a missed watch
-cannot strand it. The fencing token is the holder znode's ``czxid`` (monotonic across
-the ensemble).
+cannot strand it; a watch that fires while its node still exists (the server may do that
+when watches are re-registered after a reconnect) just makes it look again. The fencing
+token is the holder znode's ``czxid`` (monotonic across the ensemble).
 
 Leases: a znode lives as long as its session, and also carries the lease's ``ttl``.
 Renewal rewrites the node's data (``setData``); a contender that sees a *holding* node
-unchanged for its whole ``ttl`` (measured on its own monotonic clock) deletes it with a
-version-conditional delete. So a holder that stopped renewing (crashed, stalled, or a
-process whose session lives on) frees the lock within ``ttl``, like the other backends;
-a holder whose process died frees it at the latest when its session expires. A renewal
-or grant is believed for ``min(ttl, session timeout)`` from the moment it was sent: the
-session cannot expire earlier than that, whatever the network does.
+unchanged for its whole ``ttl`` (measured on its own monotonic clock from when it first
+saw it holding) deletes it with a version-conditional delete. So a holder that stopped
+renewing (crashed, stalled, or a process whose session lives on) frees the lock within
+``ttl``, like the other backends; a holder whose process died frees it at the latest
+when its session expires. A grant or renewal is believed for ``min(ttl, session
+timeout)`` from a moment no contender can have started counting before: the sending of
+the create or renewal, or, for a waiter that became the holder, our last listing that
+still showed it waiting. A handoff therefore costs one read after the watch fires (no
+write: the watchdog's first renewal restamps the node); a renewal that comes right after
+such a confirmation (the core renews at once when the session timeout cut the lease
+below its ``ttl``) is answered from it without a request.
+
+A claim that got "busy" and is then neither asked again nor listening (the core gave up
+after one try, as with ``timeout=0``) loses its node within half a second, and one that
+stops listening without a grant (a timeout, a cancellation) at once: it cannot block
+the queue.
 
 Error handling:
 
@@ -46,19 +60,33 @@ Error handling:
   acquisitions.
 * an unreachable ensemble raises :class:`BackendUnavailable` within ``connect_timeout``
   (``aiozk`` itself would retry forever).
+* a leader election (a server killed or restarted): the session survives if the
+  clients reconnect within the session timeout. ``aiozk`` 0.32 would drop a live
+  session when a server closes the connection during the handshake (as all do while
+  they elect) and back off for seconds between rounds; the clients this backend makes
+  retry the handshake on the next server with the same session id instead, every
+  ``<= 0.5 s`` (a client passed in is used as it is).
+* a release whose reply was lost with the connection is resent by ``aiozk`` after the
+  reconnect; when the resent delete finds nothing in the same session, the first one
+  did it: that is reported as a release, not a loss.
 
 What to set: ``session_timeout`` (seconds, default 20; the server clamps it to
 ``[2, 20] x tickTime``). A lease is believed for at most ``session_timeout``, and the
 watchdog renews every ``ttl/3``: keep ``session_timeout`` above ``ttl/3`` (ideally about
 ``ttl/2`` or more), and remember that a process killed while holding frees its locks
-after ``min(ttl, session_timeout)``.
+after ``min(ttl, session_timeout)``. For an ensemble, make it comfortably longer than a
+leader election plus a reconnect (elections take a few seconds; 10 s or more): then
+sessions, and leases, survive a failover; a lease is lost only if no renewal gets
+through before its last confirmed expiry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -72,6 +100,7 @@ try:
     import aiozk
     from aiozk import exc as zkexc
     from aiozk import protocol as zkproto
+    from aiozk.connection import Connection as _ZKConnection
     from aiozk.states import States
 except ImportError as _exc:  # pragma: no cover - reported by aiolock.connect()
     raise ImportError(
@@ -86,11 +115,22 @@ log = logging.getLogger("aiolock")
 ABANDONED_KEEP = 120.0
 #: At most this long between re-checks of a waiting claim (a missed watch costs this).
 MAX_RECHECK = 5.0
+#: A claim answered Busy and then neither asked again nor listening for this long (the
+#: core gave up after one try) loses its node.
+UNATTENDED = 0.5
+#: A renewal within ``1 - RENEW_FRESH`` of the granted time after the last confirmation
+#: is answered from that confirmation (no request).
+RENEW_FRESH = 0.9
 _SEQ_DIGITS = 10
 _KIND_PREFIX = {Kind.LOCK: "lock", Kind.READ: "read", Kind.WRITE: "write", Kind.PERMIT: "permit"}
 _PREFIX_KIND = {v: k for k, v in _KIND_PREFIX.items()}
+_FAMILY_PREFIXES = {
+    family: tuple(f"{_KIND_PREFIX[k]}-" for k in Kind if k.family == family)
+    for family in {k.family for k in Kind}
+}
 
 
+@functools.lru_cache(maxsize=1024)
 def zk_name(name: str) -> str:
     """Escape a lock name (1..512 chars) into one valid znode name, reversibly.
 
@@ -112,6 +152,7 @@ class _Node:
     name: str  # the znode's own name
 
 
+@functools.lru_cache(maxsize=8192)  # every listing parses the same names again
 def _parse(child: str) -> _Node | None:
     prefix, sep, rest = child.partition("-")
     kind = _PREFIX_KIND.get(prefix)
@@ -124,9 +165,14 @@ def _parse(child: str) -> _Node | None:
 
 
 def _family_nodes(children: Sequence[str], kind: Kind) -> list[_Node]:
-    nodes = [n for n in map(_parse, children) if n is not None and n.kind.family == kind.family]
-    nodes.sort(key=lambda n: n.seq)
+    prefixes = _FAMILY_PREFIXES[kind.family]
+    nodes = [n for c in children if c.startswith(prefixes) and (n := _parse(c)) is not None]
+    nodes.sort(key=_seq)
     return nodes
+
+
+def _seq(node: _Node) -> int:
+    return node.seq
 
 
 def _holders(nodes: list[_Node], limit: int) -> list[_Node]:
@@ -170,6 +216,105 @@ def _decode_data(data: bytes | None) -> tuple[int, int]:
         return 30_000, 1
 
 
+class _SessionRepair:
+    """Keep an ``aiozk`` session alive through a leader election (installed on the
+    clients this backend makes).
+
+    ``aiozk`` 0.32 loses the session on the way: when a server closes the connection
+    during the connect handshake -- every server does that while an election runs, and
+    a server that lags behind the client's last zxid does it too -- it takes the session
+    for expired, drops it and opens a new one (every ephemeral node, so every lease, is
+    gone although the session was alive); and between rounds over the server list it
+    backs off exponentially (2, 4, 8... s), often past the session timeout. Here the
+    handshake is tried on the next server with the same session id, and rounds are
+    retried after at most ``min(0.5 s, session timeout / 10)``. Only the server's own
+    answer (session id 0) means the session expired.
+    """
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self._closing: set[asyncio.Task[Any]] = set()
+
+    def install(self) -> None:
+        self.session.find_server = self.find_server
+        self.session.establish_session = self.establish_session
+
+    def _close_later(self, conn: Any) -> None:
+        task = asyncio.get_running_loop().create_task(conn.close(self.session.timeout))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def find_server(self, allow_read_only: bool) -> None:
+        session = self.session
+        delay = 0.02
+        while True:
+            for host, port in random.sample(session.hosts, len(session.hosts)):
+                conn = _ZKConnection(host, port, watch_handler=session.event_dispatch,
+                                     read_timeout=session.read_timeout)
+                try:
+                    # a 'srvr' probe, then the real connection; bounded, or a host that
+                    # drops packets would hold up the others
+                    await asyncio.wait_for(conn.connect(), min(5.0, max(1.0, (session.timeout or 10) / 3)))
+                except Exception as exc:  # down, not serving (no quorum), or silent
+                    log.debug("ZooKeeper server %s:%s unavailable: %r", host, port, exc)
+                    if conn.writer is not None:
+                        with contextlib.suppress(Exception):
+                            conn.writer.close()
+                    continue
+                if conn.start_read_only and not allow_read_only:
+                    self._close_later(conn)
+                    continue
+                old, session.conn = session.conn, conn
+                if old is not None:
+                    self._close_later(old)
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5, max(0.05, (session.timeout or 10) / 10))
+
+    async def establish_session(self) -> None:
+        session = self.session
+        try:
+            while True:
+                reply = await session.conn.send_connect(zkproto.ConnectRequest(
+                    protocol_version=0, last_seen_zxid=session.last_zxid or 0,
+                    timeout=int((session.timeout or 0) * 1000), session_id=session.session_id or 0,
+                    password=session.password, read_only=session.allow_read_only,
+                ))
+                if reply is not None:
+                    break
+                # closed during the handshake: not serving (an election), or behind our
+                # last zxid. The session may well be alive: try the next server.
+                log.info("ZooKeeper server %s:%s closed the connection during the handshake; "
+                         "trying the next one", session.conn.host, session.conn.port)
+                self._close_later(session.conn)
+                await asyncio.sleep(0.05)
+                await self.find_server(session.allow_read_only)
+        except asyncio.CancelledError:
+            # aiozk gave up (the session timeout passed): it opens a new session next,
+            # which any server may take, however far behind
+            session.last_zxid = None
+            raise
+        zxid, response = reply
+        session.last_zxid = zxid
+        if response.session_id == 0:  # the server says: expired
+            if session.state.current_state != States.LOST:
+                session.state.transition_to(States.LOST)
+            raise zkexc.SessionLost()
+        session.session_id = response.session_id
+        session.password = response.password
+        session.timeout = response.timeout / 1000
+
+
+class _Delete(zkproto.DeleteRequest):  # type: ignore[misc]
+    """A delete that counts how often it was sent (aiozk resends after a reconnect)."""
+
+    sends = 0
+
+    def serialize(self, xid: int | None = None) -> bytes:
+        self.sends += 1
+        return super().serialize(xid)  # type: ignore[no-any-return]
+
+
 class ZooKeeperBackend(Backend):
     """Locks on a ZooKeeper ensemble, over one ``aiozk`` session.
 
@@ -201,6 +346,7 @@ class ZooKeeperBackend(Backend):
                 raise ValueError("give ZooKeeper hosts ('host:port,host:port') or an aiozk client")
             _check_hosts(hosts)
             client = aiozk.ZKClient(hosts, session_timeout=session_timeout)
+            _SessionRepair(client.session).install()
             self._owns_client = True
         else:
             self._owns_client = False
@@ -220,6 +366,8 @@ class ZooKeeperBackend(Backend):
         self._seen: dict[str, tuple[int, float]] = {}  # holder path -> (version, first seen)
         self._abandoned: dict[str, tuple[str, str, float]] = {}  # owner -> (parent, prefix, until)
         self._warned: set[int] = set()
+        #: bumped at every suspension and reconnect: a Busy answer from before is stale
+        self._epoch = 0
 
     @classmethod
     def from_url(
@@ -314,17 +462,20 @@ class ZooKeeperBackend(Backend):
             if state == States.CONNECTED:
                 await self._watch_connection()
             await state.wait_for(States.SUSPENDED, States.LOST)
+            self._epoch += 1
             if self._closed:
                 return
             log.warning("ZooKeeper connection to %s %s: held leases are at risk",
                         self._hosts, state.current_state)
             await state.wait_for(States.CONNECTED)
+            self._epoch += 1
             sid = session.session_id
             if sid != self._sid:
                 log.warning("ZooKeeper session expired (%s -> %s): its leases are lost",
                             _hex(self._sid), _hex(sid))
                 self._sid = sid
                 self._seen.clear()
+            self._prune_callbacks()
             self._sweep_abandoned()
             for waiter in list(self._waiters.values()):  # never trust a watch across this
                 waiter.wake()
@@ -418,7 +569,7 @@ class ZooKeeperBackend(Backend):
 
     async def _children(self, parent: str) -> list[str]:
         try:
-            resp = await self._send(zkproto.GetChildren2Request(path=parent, watch=False))
+            resp = await self._send(zkproto.GetChildrenRequest(path=parent, watch=False))
         except zkexc.NoNode:
             return []
         return list(resp.children)
@@ -437,11 +588,40 @@ class ZooKeeperBackend(Backend):
             return None
         return resp.data, resp.stat
 
+    async def _watch_node(self, path: str) -> bool:
+        """Set a child watch on the lock node ``path`` (fires only when it is deleted);
+        False if it is gone already (then no watch was set)."""
+        try:
+            await self._send(zkproto.GetChildrenRequest(path=path, watch=True))
+        except zkexc.NoNode:
+            return False
+        return True
+
+    async def _stamp(self, claim: Claim, path: str) -> Any:
+        """Rewrite our node's data (a renewal, or restarting the lease clock contenders
+        keep); its stat, or None if the node is gone. Notes when it was sent."""
+        sent = time.monotonic()
+        try:
+            resp = await self._send(zkproto.SetDataRequest(
+                path=path, data=_encode_data(claim), version=-1))
+        except zkexc.NoNode:
+            return None
+        claim.state["stamped"] = (sent, claim.ttl_ms)
+        return resp.stat
+
     # -- watches ------------------------------------------------------------------------
 
     def _watch(self, claim: Claim, paths: set[str]) -> None:
-        """Make ``paths`` the set whose deletion wakes ``claim``'s waiter."""
-        old: set[str] = claim.state.get("watch", set())  # type: ignore[assignment]
+        """Make ``paths`` the set whose deletion wakes ``claim``'s waiter.
+
+        The server-side watch is a *child* watch on the node itself (``getChildren`` of
+        the lock node, see :meth:`_watch_node`): an ephemeral node has no children, so it
+        fires only when the node is deleted -- never on the ``setData`` of a renewal or a
+        grant, as a data or exists watch would. One watch fires per release.
+        """
+        noted: set[str] = claim.state.get("watch", set())  # type: ignore[assignment]
+        # (a watch that fired -- also spuriously, as after a reconnect -- is gone here)
+        old = {p for p in noted if claim.owner in self._watching.get(p, ())}
         for path in old - paths:
             self._unwatch_path(path, claim.owner)
         for path in paths - old:
@@ -450,8 +630,9 @@ class ZooKeeperBackend(Backend):
                 owners = self._watching[path] = set()
                 session = self._client.session
                 session.add_watch_callback(zkproto.WatchEvent.DELETED, path, self._on_deleted)
-                # also a data watch: aiozk re-registers those after a reconnect
-                session.add_watch_callback(zkproto.WatchEvent.DATA_CHANGED, path, self._on_changed)
+                # aiozk re-registers CHILDREN_CHANGED callbacks as child watches after a
+                # reconnect (the server answers "deleted" at once for a node gone meanwhile)
+                session.add_watch_callback(zkproto.WatchEvent.CHILDREN_CHANGED, path, self._on_deleted)
             owners.add(claim.owner)
         claim.state["watch"] = set(paths)
 
@@ -471,32 +652,28 @@ class ZooKeeperBackend(Backend):
     def _drop_watch(self, path: str) -> set[str]:
         owners = self._watching.pop(path, set())
         session = self._client.session
-        for event, cb in ((zkproto.WatchEvent.DELETED, self._on_deleted),
-                          (zkproto.WatchEvent.DATA_CHANGED, self._on_changed)):
+        for event in (zkproto.WatchEvent.DELETED, zkproto.WatchEvent.CHILDREN_CHANGED):
             with contextlib.suppress(KeyError):
-                session.remove_watch_callback(event, path, cb)
+                session.remove_watch_callback(event, path, self._on_deleted)
         return owners
 
+    def _prune_callbacks(self) -> None:
+        """Drop the empty entries aiozk's dispatcher leaves behind (it indexes a
+        defaultdict with every event, also for a watch whose callback we removed, and
+        would re-register those as watches after every reconnect)."""
+        callbacks = self._client.session.watch_callbacks
+        for key in [k for k, v in callbacks.items() if not v]:
+            del callbacks[key]
+
     def _on_deleted(self, path: str) -> None:
+        # (also called for CHILDREN_CHANGED: an ephemeral node has no children, but the
+        # server sends it for a child watch re-registered after a reconnect if the node
+        # changed meanwhile; the waiters just look again)
         self._seen.pop(path, None)
         for owner in self._drop_watch(path):
             waiter = self._waiters.get(owner)
             if waiter is not None:
                 waiter.wake()
-
-    def _on_changed(self, path: str) -> None:
-        # A renewal of the watched node consumed the one-shot watch: re-arm it quietly.
-        if path in self._watching and not self._closed:
-            self._spawn(self._rearm(path))
-
-    async def _rearm(self, path: str) -> None:
-        try:
-            async with asyncio.timeout(self._request_timeout):
-                found = await self._get(path, watch=True)
-        except Exception:  # the bounded re-check of the waiter covers this
-            return
-        if found is None:
-            self._on_deleted(path)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -518,37 +695,66 @@ class ZooKeeperBackend(Backend):
         return max(1, min(claim.ttl_ms, session_ms))
 
     def _forget_node(self, claim: Claim) -> None:
-        for key in ("path", "sid", "czxid", "creating"):
+        for key in ("path", "sid", "czxid", "creating", "stamped", "releasing", "busy", "asked",
+                    "granted", "waited"):
             claim.state.pop(key, None)
 
     async def try_acquire(self, claim: Claim) -> Granted | Busy:
         if claim.owner in self._abandoned:
             raise LockError(f"claim on {claim.name!r} was abandoned")
+        claim.state.pop("asked", None)  # being asked: not unattended
+        busy = self._same_answer(claim)
+        if busy is not None:
+            return busy
         async with self._bounded("an acquire"):
             return await self._try_acquire(claim)
+
+    def _same_answer(self, claim: Claim) -> Busy | None:
+        """Asked again with nothing changed since the last answer (the core asks once more
+        after listen(), and a local release wakes the local head): none of the watches
+        fired, no reconnect, the re-check time not reached. Only the deletion of a node
+        we watch can grant us, so the answer is the same, without a request."""
+        busy = claim.state.pop("busy", None)
+        if not isinstance(busy, tuple) or busy[0] != self._epoch or self._closed:
+            return None
+        left = busy[1] - time.monotonic()
+        watched: set[str] = claim.state.get("watch", set())  # type: ignore[assignment]
+        if (left <= 0 or not watched or claim.state.get("sid") != self._sid
+                or not self._healthy()
+                or not all(claim.owner in self._watching.get(p, ()) for p in watched)):
+            return None
+        claim.state["busy"] = busy
+        self._answered_busy(claim)
+        return Busy(left)
 
     async def _try_acquire(self, claim: Claim) -> Granted | Busy:
         parent = self._parent(claim.name)
         prefix = f"{_KIND_PREFIX[claim.kind]}-{claim.owner}-"
         if claim.state.get("sid") not in (None, self._sid):
             self._forget_node(claim)  # made in an expired session: the server deleted it
+        claim.state.pop("busy", None)
+        started = time.monotonic()
+        first = False  # the first look after creating our node
         for _ in range(8):
             path = claim.state.get("path")
             children: list[str] | None = None
-            fresh = False
+            listed = time.monotonic()
             if path is None and claim.state.get("creating"):
                 # an earlier create may have happened with its reply lost: find it
                 children = await self._children(parent)
                 path = self._adopt_orphan(claim, parent, prefix, children)
+            fresh = path is None
             if path is None:
                 claim.state["creating"] = True
                 sid = self._sid
+                sent = time.monotonic()
                 path, czxid = await self._create(parent, prefix, _encode_data(claim))
-                claim.state.update(path=path, sid=sid, czxid=czxid)
+                claim.state.update(path=path, sid=sid, czxid=czxid, stamped=(sent, claim.ttl_ms))
                 children = None
-                fresh = True
+                first = True
             assert isinstance(path, str)
             if children is None:
+                listed = time.monotonic()
                 children = await self._children(parent)
             nodes = _family_nodes(children, claim.kind)
             await self._delete_strays(claim, parent, prefix, path, nodes)
@@ -560,22 +766,60 @@ class ZooKeeperBackend(Backend):
             holders = _holders([n for n in nodes if n.owner not in self._abandoned or n.name == me],
                                claim.limit)
             if any(n.name == me for n in holders):
-                if not fresh:
-                    # restart the lease clock that contenders keep from now on
-                    try:
-                        resp = await self._send(zkproto.SetDataRequest(
-                            path=path, data=_encode_data(claim), version=-1))
-                    except zkexc.NoNode:
-                        self._forget_node(claim)
-                        continue
-                    claim.state["czxid"] = int(resp.stat.created_zxid)
+                granted = self._granted(claim, fresh, started)
+                if granted is None:
+                    granted = await self._granted_stamped(claim, path)
+                if granted is None:  # our node is gone (reaped as stale, or session expired)
+                    self._forget_node(claim)
+                    continue
                 self._unwatch(claim)
                 claim.state.pop("creating", None)
-                return Granted(int(claim.state["czxid"]), self._granted_ms(claim))  # type: ignore[call-overload]
-            busy = await self._wait_on(claim, parent, nodes, index, holders)
+                claim.state["granted"] = True
+                return granted
+            # not holding at `listed`: no contender can see us holding before that moment
+            claim.state["waited"] = listed
+            busy = await self._wait_on(claim, parent, nodes, index, holders, first)
             if busy is not None:
                 return busy
+            first = False
         return Busy(0.05)
+
+    def _granted(self, claim: Claim, fresh: bool, started: float) -> Granted | None:
+        """Grant without another request, if the lease is safe; None: stamp first.
+
+        A contender reaps a holder whose node it saw unchanged for the node's ttl,
+        counted from when it first saw it holding. A node created by this attempt is
+        fine as it is (the create was sent after the attempt started). A node that
+        waited became a holder only after our last listing that showed it waiting (sent
+        at ``waited``), so no contender can reap it before ``waited + ttl``, nor can the
+        session expire before ``waited + session timeout``: the grant counts from there,
+        with no write on the way (the watchdog's first renewal, at a third of that, is
+        the next stamp). After a long wait (less than half the lease would be left), or
+        for an adopted orphan whose token is unknown, the node is stamped first (None).
+        """
+        ms = self._granted_ms(claim)
+        czxid = claim.state.get("czxid")
+        if not isinstance(czxid, int) or not czxid:
+            return None
+        if fresh:
+            return Granted(czxid, ms)
+        waited = claim.state.get("waited")
+        if not isinstance(waited, float) or claim.state.get("sid") != self._sid:
+            return None
+        left = int(waited * 1000 + ms - started * 1000)
+        if left < ms / 2:
+            return None
+        stamped = claim.state.get("stamped")
+        if not isinstance(stamped, tuple) or stamped[0] < waited or stamped[1] != claim.ttl_ms:
+            claim.state["stamped"] = (waited, claim.ttl_ms)  # what a renewal may count from
+        return Granted(czxid, left)
+
+    async def _granted_stamped(self, claim: Claim, path: str) -> Granted | None:
+        stat = await self._stamp(claim, path)
+        if stat is None:
+            return None
+        claim.state["czxid"] = int(stat.created_zxid)
+        return Granted(int(stat.created_zxid), self._granted_ms(claim))
 
     def _adopt_orphan(self, claim: Claim, parent: str, prefix: str, children: list[str]) -> str | None:
         mine = sorted(c for c in children if c.startswith(prefix))
@@ -596,27 +840,35 @@ class ZooKeeperBackend(Backend):
             await self._delete(f"{parent}/{node.name}")
 
     async def _wait_on(
-        self, claim: Claim, parent: str, nodes: list[_Node], index: int, holders: list[_Node]
+        self, claim: Claim, parent: str, nodes: list[_Node], index: int, holders: list[_Node],
+        first: bool,
     ) -> Busy | None:
-        """Not granted: watch what can grant us, reap stale holders. None: look again."""
+        """Not granted: watch what can grant us, reap stale holders. None: look again.
+
+        The holders' data (lease ttl and version) is read to reap a holder that stopped
+        renewing; on the first look after creating our node only for a holder we watch
+        anyway (the next look, on the bounded timer, reads the others: a stale holder is
+        found later, never early).
+        """
         targets = {f"{parent}/{n.name}" for n in _watch_targets(nodes, index, claim)}
         present = {f"{parent}/{n.name}" for n in nodes}
         for path in [p for p in self._seen if p.rpartition("/")[0] == parent and p not in present]:
             del self._seen[path]  # released since we last looked
         holder_paths = {f"{parent}/{n.name}" for n in holders}
+        read = sorted(holder_paths & targets if first else holder_paths)
         self._watch(claim, targets)
-        paths = sorted(targets | holder_paths)
-        found = await asyncio.gather(*(self._get(p, watch=p in targets) for p in paths))
+        watched = sorted(targets)
+        requests = [*(self._watch_node(p) for p in watched), *(self._get(p, watch=False) for p in read)]
+        results: list[Any] = ([await requests[0]] if len(requests) == 1
+                              else await asyncio.gather(*requests))
         now = time.monotonic()
         recheck = min(MAX_RECHECK, claim.ttl_ms / 3000, self.session_timeout / 3)
         wait = recheck
-        again = False
-        for path, got in zip(paths, found, strict=True):
-            if got is None:  # deleted meanwhile: the watch may not be set; look again
+        if not all(results[: len(watched)]):
+            return None  # something we wait for went meanwhile (and set no watch): look again
+        for path, got in zip(read, results[len(watched):], strict=True):
+            if got is None:  # released meanwhile: its successor takes over
                 self._seen.pop(path, None)
-                again = True
-                continue
-            if path not in holder_paths:
                 continue
             data, stat = got
             ttl_ms, _ = _decode_data(data)
@@ -631,12 +883,12 @@ class ZooKeeperBackend(Backend):
                 if await self._delete(path, version):
                     log.info("reaped stale ZooKeeper lease node %s", path)
                 self._seen.pop(path, None)
-                again = True
-            else:
-                wait = min(wait, stale_at - now + 0.002)
-        if again:
-            return None
-        return Busy(max(wait, 0.001))
+                return None
+            wait = min(wait, stale_at - now + 0.002)
+        wait = max(wait, 0.001)
+        claim.state["busy"] = (self._epoch, now + wait)
+        self._answered_busy(claim)
+        return Busy(wait)
 
     async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
         if not claims:
@@ -647,29 +899,58 @@ class ZooKeeperBackend(Backend):
             return [None] * len(claims)  # the session is gone: so is every node it made
         if state != States.CONNECTED:
             raise BackendUnavailable(f"ZooKeeper connection to {self.url} is {state}: leases at risk")
-        async with self._bounded("a renewal"):
-            return list(await asyncio.gather(*(self._renew_one(c) for c in claims)))
+        out: list[int | None] = []
+        ask: list[tuple[int, Claim, str]] = []
+        for i, claim in enumerate(claims):
+            path = claim.state.get("path")
+            if not isinstance(path, str) or claim.state.get("sid") != self._sid:
+                out.append(None)
+                continue
+            out.append(self._renewed_lately(claim))
+            if out[-1] is None:
+                ask.append((i, claim, path))
+        if ask:
+            async with self._bounded("a renewal"):
+                stamps = await asyncio.gather(*(self._stamp(c, p) for _, c, p in ask))
+            for (i, claim, _), stat in zip(ask, stamps, strict=True):
+                out[i] = None if stat is None else self._granted_ms(claim)
+        return out
 
-    async def _renew_one(self, claim: Claim) -> int | None:
-        path = claim.state.get("path")
-        if not isinstance(path, str) or claim.state.get("sid") != self._sid:
+    def _renewed_lately(self, claim: Claim) -> int | None:
+        """Confirmed a moment ago (the grant itself: the core renews at once when the
+        session timeout cut the lease below its ttl): the ms left from that confirmation,
+        counted from when it was sent, instead of another request; None: ask."""
+        stamped = claim.state.get("stamped")
+        if not isinstance(stamped, tuple) or stamped[1] != claim.ttl_ms:
             return None
-        try:
-            await self._send(zkproto.SetDataRequest(path=path, data=_encode_data(claim), version=-1))
-        except zkexc.NoNode:
-            return None
-        return self._granted_ms(claim)
+        granted = self._granted_ms(claim)
+        left = stamped[0] * 1000 + granted - time.monotonic() * 1000
+        return int(left) if left >= granted * RENEW_FRESH else None
 
     async def release(self, claim: Claim) -> bool:
         path = claim.state.get("path")
         self._unwatch(claim)
         if not isinstance(path, str):
             return False
-        if claim.state.get("sid") != self._sid:
+        sid = claim.state.get("sid")
+        if sid != self._sid:
             self._forget_node(claim)
             return False
+        # an earlier release of this claim sent its delete and was interrupted
+        repeated = claim.state.get("releasing") == sid
+        claim.state["releasing"] = sid
+        request = _Delete(path=path, version=-1)
         async with self._bounded("a release"):
-            deleted = await self._delete(path)
+            try:
+                await self._send(request)
+                deleted = True
+            except zkexc.NoNode:
+                # A retry after a dropped connection (aiozk resends a request whose reply
+                # was lost) finds nothing if the first attempt deleted the node: that is
+                # a release, not a loss -- unless the session changed (expired: the server
+                # deleted the node). A real loss by expiry shows in the lease's own clock.
+                deleted = ((request.sends > 1 or repeated)
+                           and self._client.session.session_id == sid)
         self._forget_node(claim)
         self._seen.pop(path, None)
         return deleted
@@ -681,6 +962,8 @@ class ZooKeeperBackend(Backend):
         self._abandoned[claim.owner] = (parent, prefix, time.monotonic() + ABANDONED_KEEP)
         self._prune_abandoned()
         self._unwatch(claim)
+        if len(self._client.session.watch_callbacks) > 2 * len(self._watching) + 64:
+            self._prune_callbacks()
         waiter = self._waiters.get(claim.owner)
         if waiter is not None and waiter.claim is claim:
             del self._waiters[claim.owner]
@@ -724,9 +1007,50 @@ class ZooKeeperBackend(Backend):
         self._waiters[waiter.claim.owner] = waiter
 
     def unlisten(self, name: str, kind: Kind, waiter: Waiter) -> None:
-        if self._waiters.get(waiter.claim.owner) is waiter:
-            del self._waiters[waiter.claim.owner]
-        self._unwatch(waiter.claim)
+        claim = waiter.claim
+        if self._waiters.get(claim.owner) is waiter:
+            del self._waiters[claim.owner]
+        self._unwatch(claim)
+        if ("path" in claim.state or claim.state.get("creating")) and not claim.state.get("granted"):
+            # The core stopped waiting without a grant (a timeout, a cancellation) and
+            # abandons only fair claims and writers; but every claim here keeps a place
+            # in the queue, which would block the lock: give it up.
+            self._spawn(self._abandon_later(claim))
+
+    async def _abandon_later(self, claim: Claim) -> None:
+        if claim.owner in self._abandoned or self._closed:
+            return  # the core abandoned it already
+        try:
+            await self.abandon(claim)
+        except Exception as exc:  # the janitor of a reconnect (or session end) covers it
+            log.debug("giving up a ZooKeeper claim on %r failed: %s", claim.name, exc)
+
+    def _answered_busy(self, claim: Claim) -> None:
+        """After a Busy answer: if the claim is not looked after soon -- asked again or
+        listening (the core gave up after one try, e.g. ``timeout=0``, and abandons only
+        fair claims and writers) -- delete its node, so it cannot block the lock. (A
+        listening claim is looked after: unlisten() gives it up.)"""
+        if claim.owner in self._waiters:
+            return
+        token = object()
+        claim.state["asked"] = token
+        asyncio.get_running_loop().call_later(UNATTENDED, self._check_unattended, claim, token)
+
+    def _check_unattended(self, claim: Claim, token: object) -> None:
+        if (claim.state.get("asked") is token and claim.owner not in self._waiters
+                and isinstance(claim.state.get("path"), str) and not self._closed
+                and claim.owner not in self._abandoned):
+            path = claim.state["path"]
+            self._unwatch(claim)
+            self._forget_node(claim)  # asked again later, it takes a new place
+            self._spawn(self._delete_quietly(path))  # type: ignore[arg-type]
+
+    async def _delete_quietly(self, path: str) -> None:
+        try:
+            async with asyncio.timeout(self._request_timeout):
+                await self._delete(path)
+        except Exception as exc:  # its session's end removes it at the latest
+            log.debug("deleting unattended ZooKeeper node %s failed: %s", path, exc)
 
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
         parent = self._parent(name)

@@ -1,0 +1,303 @@
+"""``redis+cluster://host:port,host:port,...``: locks on a Redis Cluster.
+
+The scripts and keys are those of :mod:`aiolock.backends.redis`, unchanged: every key
+of one lock carries the hash tag ``{<escaped name>}``, so each script call touches one
+slot and runs on the master that owns it. Requests go through
+``redis.asyncio.RedisCluster``, which maps slots to masters and follows ``MOVED`` /
+``ASK`` redirections (slot migrations, failovers).
+
+The watchdog's batched ``RENEW`` spans many locks, hence many slots: the batch is split
+into one ``RENEW`` per slot, sent as one cluster pipeline (one round trip per master,
+the masters concurrently), and the replies are put back in the order of the claims.
+
+Release signals: classic ``PUBLISH`` / ``SUBSCRIBE``, not sharded pub/sub. A Redis
+Cluster forwards every ``PUBLISH`` to every node over the cluster bus, so ONE subscriber
+connection, on any node, hears the releases of all masters, and the Lua scripts stay
+exactly those of the plain Redis backend (``SPUBLISH`` would need other scripts, Redis
+7+, and one subscriber connection per master, resubscribed on every slot move). The
+price is that each release message crosses the cluster bus to every node, which is
+negligible at lock-release rates. The subscriber connection is on one node; if it
+fails, the next connection goes to another node of the cluster, and every waiter
+retries at once and again when its channel is confirmed on the new node. A release
+published while no subscription was confirmed (or lost on a cluster-bus link that is
+down) is missed, and the waiter then retries after at most the holder's remaining
+lease, as on plain Redis.
+
+Guarantees and limits: each lease lives on the master owning its slot; Redis Cluster
+replication is asynchronous, so a master failing over to a replica that missed the
+latest writes can lose a lease (the watchdog then reports it lost at the next renewal)
+or a token increment (a later token can then repeat one already given; see
+:mod:`aiolock.backends.redis_sentinel` for what fencing does and does not catch then).
+A renewal batch is confirmed as a whole: if the master of one slot cannot be reached,
+the whole batch fails and is retried soon, and the leases on that master are lost at
+their last confirmed expiry if it stays unreachable. ``cluster-require-full-coverage
+yes`` (the default) makes the cluster refuse all commands while any slot is down.
+
+Errors: unreachable seed nodes raise :class:`aiolock.BackendUnavailable` within the
+connect timeout; a failed or timed-out request, a cluster that is down, or a slot with
+no master raise :class:`aiolock.BackendUnavailable`; other server errors raise
+:class:`aiolock.LockError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any, ClassVar
+from urllib.parse import unquote
+
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.crc import key_slot
+
+from ..abc import Capability, Claim, Kind
+from ..errors import BackendUnavailable, LockError
+from ._redis_pubsub import Signals
+from ._redis_scripts import RENEW
+from .redis import RedisBackend
+
+__all__ = ["RedisClusterBackend", "parse_hosts"]
+
+log = logging.getLogger("aiolock")
+
+#: Errors of ``redis.asyncio.RedisCluster`` that mean "cannot be served now".
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    rexc.ClusterDownError, rexc.TryAgainError, rexc.RedisClusterException, rexc.ClusterError,
+)
+_DOWN: tuple[type[BaseException], ...] = (
+    TimeoutError, OSError, rexc.ConnectionError, rexc.TimeoutError, *_UNAVAILABLE,
+)
+
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (rexc.RedisError, *_DOWN)
+
+
+def parse_hosts(url: str, netloc: str, default_port: int) -> list[tuple[str, int]]:
+    """``host:port,host:port`` (IPv6 in brackets) -> ``[(host, port), ...]``; ValueError
+    naming ``url`` if a part is malformed."""
+    hosts: list[tuple[str, int]] = []
+    for part in netloc.split(","):
+        part = part.strip()
+        if part.startswith("["):
+            host, _, rest = part[1:].partition("]")
+            port_text = rest[1:] if rest.startswith(":") else rest
+        else:
+            host, _, port_text = part.partition(":")
+        if not host or (port_text and not port_text.isdigit()):
+            raise ValueError(f"expected host:port[,host:port...] in {url!r}, got {part!r}")
+        port = int(port_text) if port_text else default_port
+        if not 0 < port < 65536:
+            raise ValueError(f"bad port {port} in {url!r}")
+        hosts.append((host, port))
+    return hosts
+
+
+def check_timeouts(**values: Any) -> None:
+    """ValueError unless each value is a number of seconds > 0."""
+    for what, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{what} must be a number of seconds > 0, got {value!r}")
+
+
+class _ClusterSignals(Signals):
+    """Pub/sub on one node of the cluster; moves to the next node when it fails."""
+
+    def __init__(self, cluster: RedisCluster, seeds: list[tuple[str, int]],
+                 request_timeout: float, node_options: dict[str, Any]) -> None:
+        super().__init__(None, request_timeout)
+        self._cluster = cluster
+        self._seeds = seeds
+        self._options = node_options
+        self._turn = 0
+        self._node_client: Redis | None = None
+        #: ``host:port`` of the node carrying the subscription now (for tests, logs)
+        self.node: str | None = None
+
+    def _nodes(self) -> list[tuple[str, int]]:
+        known = [(n.host, int(n.port)) for n in self._cluster.get_nodes()]
+        return sorted(set(known)) or self._seeds
+
+    def _new_pubsub(self) -> Any:
+        nodes = self._nodes()
+        host, port = nodes[self._turn % len(nodes)]
+        self.node = f"{host}:{port}"
+        # no silent reconnect by redis-py: a failure reaches Signals, which moves on
+        options = {"retry": Retry(NoBackoff(), 0), **self._options}
+        self._node_client = Redis(host=host, port=port, **options)
+        return self._node_client.pubsub()
+
+    async def _reconnect(self) -> None:
+        async with self._subscribing:  # no other first SUBSCRIBE on the new PubSub
+            old, old_client = self._pubsub, self._node_client
+            self._turn += 1
+            self._pubsub = self._new_pubsub()
+            log.info("release signals now come from cluster node %s", self.node)
+            await _close_quietly(old, old_client)
+            channels = list(self._confirmed)
+            if channels:
+                try:
+                    await self._pubsub.subscribe(*channels)
+                except Exception as exc:  # the next read fails too and moves on again
+                    log.warning("could not subscribe on cluster node %s: %s", self.node, exc)
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        client, self._node_client = self._node_client, None
+        await _close_quietly(None, client)
+
+
+async def _close_quietly(pubsub: Any, client: Any) -> None:
+    for thing in (pubsub, client):
+        if thing is not None:
+            with contextlib.suppress(Exception):
+                await thing.aclose()
+
+
+class RedisClusterBackend(RedisBackend):
+    """Locks on a Redis Cluster (see the module doc). Build it with
+    ``aiolock.connect("redis+cluster://host:port,host:port")``, or pass a
+    ``redis.asyncio.RedisCluster`` you already have (it is not closed for you)."""
+
+    schemes: ClassVar[tuple[str, ...]] = ("redis+cluster",)
+    capabilities: ClassVar[frozenset[Capability]] = RedisBackend.capabilities
+
+    def __init__(
+        self, cluster: RedisCluster, *, prefix: str = "aiolock", request_timeout: float = 5.0,
+        connect_timeout: float = 5.0, url: str | None = None, owns_client: bool = False,
+        node_options: dict[str, Any] | None = None,
+    ) -> None:
+        seeds = [(n.host, int(n.port)) for n in cluster.startup_nodes]
+        if node_options is None:  # pub/sub connections: same credentials as the cluster
+            kwargs = cluster.connection_kwargs
+            node_options = {k: kwargs[k] for k in ("username", "password") if kwargs.get(k)}
+            node_options.update(socket_connect_timeout=connect_timeout, socket_timeout=request_timeout)
+        signals = _ClusterSignals(cluster, seeds, request_timeout, node_options)
+        super().__init__(
+            cluster, prefix=prefix, request_timeout=request_timeout, connect_timeout=connect_timeout,
+            url=url or "redis+cluster://" + ",".join(f"{h}:{p}" for h, p in seeds),
+            owns_client=owns_client, signals=signals,
+        )
+        self._cluster = cluster
+        self._call = self._cluster_call
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, connect_timeout: float = 5.0, request_timeout: float = 5.0,
+        prefix: str = "aiolock", **cluster_options: Any,
+    ) -> RedisClusterBackend:
+        """``redis+cluster://[[user]:password@]host:port[,host:port...]``: seed nodes
+        (port 6379 if left out); any reachable one is enough to discover the cluster.
+        Extra keyword arguments go to ``redis.asyncio.RedisCluster`` (e.g. ``ssl=True``
+        for TLS; ``ssl*`` options are used for the pub/sub connection too)."""
+        check_timeouts(connect_timeout=connect_timeout, request_timeout=request_timeout)
+        scheme, sep, rest = url.partition("://")
+        if scheme.lower() != "redis+cluster" or not sep:
+            raise ValueError(f"expected redis+cluster://host:port,host:port, got {url!r}")
+        netloc, _, tail = rest.partition("/")
+        netloc, _, query = netloc.partition("?")
+        path, _, query2 = tail.partition("?")
+        if path.strip("/") not in ("", "0"):
+            raise ValueError(f"a Redis Cluster has only database 0, got {url!r}")
+        if query or query2:
+            raise ValueError(f"redis+cluster:// takes no query options (pass keyword "
+                             f"arguments to connect() instead), got {url!r}")
+        userinfo, _, hosts = netloc.rpartition("@")
+        seeds = parse_hosts(url, hosts, 6379)
+        auth: dict[str, Any] = {}
+        if userinfo:
+            user, _, password = userinfo.partition(":")
+            auth = {"username": unquote(user) or None, "password": unquote(password) or None}
+        options: dict[str, Any] = dict(
+            socket_connect_timeout=connect_timeout, socket_timeout=request_timeout,
+            # a few quick retries ride over a redirection storm; the core retries the rest
+            retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.25), 3),
+            **{k: v for k, v in auth.items() if v},
+        )
+        options.update(cluster_options)
+        cluster = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in seeds], **options)
+        node_options = {k: v for k, v in auth.items() if v}
+        node_options.update(socket_connect_timeout=connect_timeout, socket_timeout=request_timeout)
+        # TLS (ssl=True, ssl_ca_certs=...) applies to the pub/sub connection as well
+        node_options.update({k: v for k, v in cluster_options.items() if k.startswith("ssl")})
+        safe = "redis+cluster://" + ",".join(f"{h}:{p}" for h, p in seeds)
+        return cls(cluster, prefix=prefix, request_timeout=request_timeout,
+                   connect_timeout=connect_timeout, url=safe, owns_client=True,
+                   node_options=node_options)
+
+    @property
+    def cluster(self) -> RedisCluster:
+        """The ``redis.asyncio.RedisCluster`` client in use."""
+        return self._cluster
+
+    def slot(self, name: str, kind: Kind = Kind.LOCK) -> int:
+        """The cluster slot of every key of lock ``name``."""
+        return int(key_slot(self._base(name, kind).encode()))
+
+    async def _cluster_call(self, *args: Any) -> Any:
+        """One command, routed by its keys; cluster errors become ConnectionError, which
+        ``_run`` turns into BackendUnavailable."""
+        try:
+            if args[:2] == ("SCRIPT", "LOAD"):
+                return await self._cluster.script_load(args[2])  # on every master
+            return await self._cluster.execute_command(*args)
+        except _UNAVAILABLE as exc:
+            raise rexc.ConnectionError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def connect(self) -> None:
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                await self._cluster.initialize()
+                await self.signals.warm()
+        except _CONNECT_ERRORS as exc:
+            raise BackendUnavailable(
+                f"cannot reach Redis Cluster at {self._url} ({type(exc).__name__}: {exc})"
+            ) from exc
+
+    async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
+        groups: dict[int, list[int]] = {}
+        for i, claim in enumerate(claims):
+            groups.setdefault(self.slot(claim.name, claim.kind), []).append(i)
+        if len(groups) <= 1:
+            return await super().renew(claims)
+        requests = [self._renew_request([claims[i] for i in group]) for group in groups.values()]
+        try:
+            pipe = self._cluster.pipeline()
+            for keys, args in requests:
+                pipe.execute_command("EVALSHA", RENEW.sha, len(keys), *keys, *args)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+        except _DOWN as exc:
+            raise BackendUnavailable(
+                f"Redis Cluster at {self._url} is unavailable ({type(exc).__name__}: {exc})"
+            ) from exc
+        # a master that does not know the script yet: load it there and run that group again
+        missing = [i for i, reply in enumerate(replies) if _is_noscript(reply)]
+        if missing:
+            again = await asyncio.gather(*(self._run(RENEW, *_flat(requests[i])) for i in missing))
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        out: list[int | None] = [None] * len(claims)
+        for group, reply in zip(groups.values(), replies, strict=True):
+            if isinstance(reply, BaseException):
+                if isinstance(reply, _DOWN):
+                    raise BackendUnavailable(
+                        f"Redis Cluster at {self._url} is unavailable ({type(reply).__name__}: {reply})"
+                    ) from reply
+                raise LockError(f"Redis Cluster at {self._url} refused renew: {reply}") from reply
+            for i, ms in zip(group, reply, strict=True):
+                out[i] = int(ms) or None
+        return out
+
+
+def _is_noscript(reply: Any) -> bool:
+    return isinstance(reply, rexc.NoScriptError) or (
+        isinstance(reply, rexc.ResponseError) and str(reply).startswith("NOSCRIPT")
+    )
+
+
+def _flat(request: tuple[list[str], list[Any]]) -> tuple[Any, ...]:
+    keys, args = request
+    return (keys, *args)
