@@ -58,13 +58,18 @@ class _Hold:
 
     def __init__(
         self, session: Session, claim: Claim, token: int, expires_at: float,
-        watchdog: bool, task: asyncio.Task[object] | None,
+        watchdog: bool, task: asyncio.Task[object] | None, granted_ms: int | None = None,
     ) -> None:
+        if granted_ms is None:
+            granted_ms = claim.ttl_ms
         self.session = session
         self.claim = claim
         self.token = token
         self.expires_at = expires_at
-        self.renew_at = expires_at - claim.ttl_ms * (2 / 3000)  # ttl/3 after it was sent
+        # a third of the lease after the grant was asked for (the server may grant less
+        # than the ttl: then a third of what it granted)
+        granted = min(claim.ttl_ms, granted_ms) / 1000
+        self.renew_at = expires_at - granted_ms / 1000 + granted / 3
         self.watchdog = watchdog
         self.task = task
         self.count = 1

@@ -177,7 +177,7 @@ class Lock:
             raise LockError(f"this connection to {self._locks.url} was closed")
         hold = _Hold(
             self._locks, claim, granted.token, sent + granted.ttl_ms / 1000, self.watchdog,
-            task if self.kind is not Kind.PERMIT else None,
+            task if self.kind is not Kind.PERMIT else None, granted.ttl_ms,
         )
         self._locks.adopt(hold, self._key)
         lease = Lease(hold)

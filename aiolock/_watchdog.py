@@ -161,7 +161,7 @@ class Watchdog:
                 hold.mark_lost("its last confirmed expiry passed before the renewal was sent")
                 continue
             hold.expires_at = max(hold.expires_at, sent + ms / 1000)
-            hold.renew_at = sent + hold.ttl / 3
+            hold.renew_at = sent + min(hold.ttl, ms / 1000) / 3
             self._schedule(hold)
 
     async def aclose(self) -> None:
