@@ -339,7 +339,11 @@ async def test_fair_across_connections(backend_url: str, name: str) -> None:
         tasks = []
         for i in range(9):
             tasks.append(asyncio.create_task(waiter(i)))
-            await asyncio.sleep(0.03)
+            # the next one comes once this one is queued on the server (a loaded machine
+            # can take longer than any fixed pause to get a waiter there)
+            async with asyncio.timeout(5):
+                while (await conns[0].backend.inspect(name)).waiters < i + 1:
+                    await asyncio.sleep(0.01)
         await first.release()
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
         assert order == list(range(9))

@@ -174,7 +174,7 @@ class RedisBackend(Backend):
             except (ResponseError, rexc.NoScriptError) as exc:
                 if not str(exc).startswith("NOSCRIPT") and not isinstance(exc, rexc.NoScriptError):
                     raise
-                await self._load_scripts()
+                await self._load_scripts(script)
                 return await call("EVALSHA", script.sha, len(keys), *keys, *args)
         except (ConnectionError, TimeoutError, OSError, rexc.ConnectionError, rexc.TimeoutError) as exc:
             raise BackendUnavailable(
@@ -183,15 +183,16 @@ class RedisBackend(Backend):
         except (ResponseError, rexc.RedisError) as exc:
             raise LockError(f"Redis at {self._url} refused {script.name}: {exc}") from exc
 
-    async def _load_scripts(self) -> None:
+    async def _load_scripts(self, script: Script | None = None) -> None:
         """Load every script, not only the missing one: the server lost them all at once
         (first use, restart, ``SCRIPT FLUSH``), and on one ordered connection a release
         that waits to load its script must not be overtaken by an acquire whose script
         is already there (the core wakes that acquire as soon as the release is sent)."""
+        scripts = SCRIPTS if script is None or script in SCRIPTS else (*SCRIPTS, script)
         if self.ordered:  # one pipelined burst
-            await asyncio.gather(*(self._call("SCRIPT", "LOAD", s.source) for s in SCRIPTS))
+            await asyncio.gather(*(self._call("SCRIPT", "LOAD", s.source) for s in scripts))
         else:
-            for each in SCRIPTS:
+            for each in scripts:
                 await self._call("SCRIPT", "LOAD", each.source)
 
     # -- primitives -------------------------------------------------------------------------
