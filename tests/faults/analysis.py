@@ -1,0 +1,257 @@
+"""From the checker's log, the fault events and the probes' results to the figures.
+
+Log records (see checker.py), all times ``time.monotonic()``:
+``["A", t, lock, token, pid, t_req, t_acq]``, ``["R", t, lock, token, pid, t_check, ok, value]``,
+``["W", t, lock, token, pid, t_check, ok, read, before]``,
+``["E", t, lock, token, pid, t_exit, t_done, how]``, ``["C", t, pid, what, ok]``,
+``["S", t, pid, expired, detected]``, ``["N", t, pid, text]``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backends import BackendSpec
+from .common import percentile
+
+__all__ = ["Figure", "analyze"]
+
+
+@dataclass
+class Figure:
+    """One cell of the table: ``status`` is ``ok``, ``FAIL`` or ``n/a`` (the backend
+    cannot give this guarantee; the figure is shown, not judged)."""
+
+    key: str
+    value: float | None
+    text: str
+    status: str = "ok"
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def _fmt_s(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if math.isinf(v):
+        return "never"
+    return f"{v * 1000:.0f}ms" if v < 1 else f"{v:.2f}s"
+
+
+def analyze(spec: BackendSpec, ttl: float, log: list[list[Any]], events: list[dict[str, Any]],
+            probe: dict[str, Any], holds: dict[str, Any], extra: dict[str, Any]) -> list[Figure]:
+    """Every figure of one backend."""
+    acq: dict[str, list[list[Any]]] = collections.defaultdict(list)
+    accesses: list[list[Any]] = []
+    ends: dict[str, list[list[Any]]] = collections.defaultdict(list)
+    by_pid_token: dict[tuple[int, int], float] = {}
+    stall_expired = stall_detected = 0
+    echo_desync = echo_err = echo_n = 0
+    for rec in log:
+        kind = rec[0]
+        if kind == "A":
+            acq[rec[2]].append(rec)
+            by_pid_token[(rec[4], rec[3])] = rec[6]
+        elif kind in ("R", "W"):
+            accesses.append(rec)
+        elif kind == "E":
+            ends[rec[2]].append(rec)
+        elif kind == "S":
+            stall_expired += rec[3]
+            stall_detected += rec[4]
+        elif kind == "C":
+            echo_n += 1
+            if rec[4] is False:
+                echo_desync += 1
+            elif rec[4] is None:
+                echo_err += 1
+    for recs in acq.values():
+        recs.sort(key=lambda r: r[6])
+    forgetting = [ev for ev in events if any(f in ev["kind"] for f in spec.forgets)]
+
+    def explained(t: float) -> bool:
+        return any(ev["t0"] - 0.1 <= t <= ev["t1"] + ttl + 1.0 for ev in forgetting)
+
+    figs: list[Figure] = []
+
+    # -- safety ---------------------------------------------------------------------------
+    highest: dict[str, int] = {}
+    stale_acc = wrong_rej = rej_w = rej_r = lost_updates = writes = reads = 0
+    for rec in accesses:
+        lock, tok, ok = rec[2], rec[3], rec[6]
+        top = highest.get(lock)
+        if ok:
+            if top is not None and tok < top:
+                stale_acc += 1
+            highest[lock] = max(tok, top if top is not None else tok)
+        elif top is None or tok >= top:
+            wrong_rej += 1
+        if rec[0] == "W":
+            writes += 1
+            if not ok:
+                rej_w += 1
+            elif rec[7] != rec[8]:
+                lost_updates += 1
+        else:
+            reads += 1
+            if not ok:
+                rej_r += 1
+    figs.append(Figure("stale_accepted", stale_acc, str(stale_acc), "ok" if stale_acc == 0 else "FAIL",
+                       {"wrongly_rejected": wrong_rej}))
+    figs.append(Figure("stale_rejected", rej_w, f"{rej_w} w / {rej_r} r", "ok",
+                       {"reads_rejected": rej_r}))
+
+    dups = regress = regress_na = 0
+    for recs in acq.values():
+        counts = collections.Counter(r[3] for r in recs)
+        dups += sum(c - 1 for c in counts.values() if c > 1)
+        tacqs = [r[6] for r in recs]
+        prefix: list[int] = []
+        top = -1
+        for r in recs:
+            top = max(top, r[3])
+            prefix.append(top)
+        for r in recs:
+            i = bisect.bisect_left(tacqs, r[5])
+            if i and prefix[i - 1] >= r[3] and counts[r[3]] == 1:
+                if explained(r[5]):
+                    regress_na += 1
+                else:
+                    regress += 1
+    bad = dups + regress
+    text = f"{dups} dup / {regress} regr" + (f" (+{regress_na} n/a)" if regress_na else "")
+    figs.append(Figure("token_order", bad, text, "ok" if bad == 0 else "FAIL"))
+    figs.append(Figure("lost_updates", lost_updates, str(lost_updates), "ok" if lost_updates == 0 else "FAIL",
+                       {"writes": writes}))
+
+    superseded = superseded_na = 0
+    examples: list[Any] = []
+    index: dict[str, tuple[list[float], list[int]]] = {}
+    for lock, recs in acq.items():
+        top, prefix = -1, []
+        for r in recs:
+            top = max(top, r[3])
+            prefix.append(top)
+        index[lock] = ([r[6] for r in recs], prefix)
+    for rec in accesses:
+        tacqs, prefix = index.get(rec[2], ([], []))
+        tc, tok = rec[5], rec[3]
+        i = bisect.bisect_left(tacqs, tc)
+        if not i or prefix[i - 1] <= tok:
+            continue
+        newer = next(r for r in acq[rec[2]][:i] if r[3] > tok)
+        if explained(newer[6]):
+            superseded_na += 1
+        else:
+            superseded += 1
+            if len(examples) < 3:
+                examples.append({"access": rec, "newer": newer})
+    text = str(superseded) + (f" (+{superseded_na} n/a)" if superseded_na else "")
+    status = "ok" if superseded == 0 else "FAIL"
+    figs.append(Figure("superseded", superseded, text, status,
+                       {"n_a": superseded_na, "why": spec.forgets_why if superseded_na else "",
+                        "examples": examples}))
+
+    after_resume = 0
+    for ev in events:
+        if ev["kind"] != "stop":
+            continue
+        for rec in accesses:
+            if rec[4] == ev["pid"] and rec[5] >= ev["t1"]:
+                got = by_pid_token.get((rec[4], rec[3]))
+                if got is not None and got <= ev["t0"]:
+                    after_resume += 1
+    figs.append(Figure("after_resume", after_resume, str(after_resume),
+                       "ok" if after_resume == 0 else "FAIL"))
+
+    leaked = probe.get("leaked")
+    text = f"{leaked} / {probe.get('attempts', 0)}" if leaked is not None else "-"
+    figs.append(Figure("leaked", leaked, text, "ok" if leaked == 0 else "FAIL",
+                       {"examples": probe.get("examples", [])}))
+    hno = probe.get("held_not_owned")
+    figs.append(Figure("held_not_owned", hno, f"{hno} / {probe.get('release_cancelled', 0)}"
+                       if hno is not None else "-", "ok" if hno == 0 else "FAIL"))
+    desyncs = echo_desync + int(probe.get("desyncs", 0))
+    echoes = echo_n - echo_err + int(probe.get("echoes", 0))
+    figs.append(Figure("desyncs", desyncs, f"{desyncs} / {echoes}", "ok" if desyncs == 0 else "FAIL",
+                       {"echo_errors": echo_err + int(probe.get("echo_errors", 0))}))
+
+    # -- liveness -------------------------------------------------------------------------
+    bound, label = spec.kill_bound(ttl)
+    takeovers: list[float] = []
+    for ev in events:
+        if ev["kind"] != "kill":
+            continue
+        for lock, _tok in ev["holdings"]:
+            # the first acquisition by another process after the kill, counted when some
+            # task was already waiting at the kill (else it says when someone asked)
+            recs = acq.get(lock, [])
+            after = [r for r in recs if r[6] > ev["t0"] and r[4] != ev["pid"]]
+            if not any(r[5] < ev["t0"] for r in after):
+                if not after:
+                    takeovers.append(math.inf)
+                continue
+            takeovers.append(min(r[6] for r in after) - ev["t0"])
+    worst = max(takeovers) if takeovers else None
+    status = "ok" if worst is None or worst <= bound else "FAIL"
+    if label.startswith("n/a") and status == "ok":
+        status = "n/a"
+    kills = sum(1 for ev in events if ev["kind"] == "kill")
+    text = (f"{_fmt_s(worst)} (n={len(takeovers)})" if takeovers
+            else "- (nobody waiting)" if kills else "- (no kill)")
+    figs.append(Figure("kill_takeover", worst, text, status, {"bound": bound, "bound_label": label,
+                                                              "all": takeovers}))
+
+    handoffs: list[float] = []
+    for lock, recs in ends.items():
+        arecs = acq.get(lock, [])
+        tacqs = [r[6] for r in arecs]
+        for e in recs:
+            if e[7] != "released":
+                continue
+            i = bisect.bisect_right(tacqs, e[5])
+            if i < len(arecs) and arecs[i][5] < e[6]:
+                handoffs.append(arecs[i][6] - e[5])
+    p50, p99 = percentile(handoffs, 0.5), percentile(handoffs, 0.99)
+    figs.append(Figure("handoff_p99", p99, f"{_fmt_s(p50)} / {_fmt_s(p99)}", "ok", {"n": len(handoffs)}))
+
+    lapses = holds.get("lapses")
+    figs.append(Figure("lapses", lapses, f"{lapses} / {holds.get('holds', 0)}" if lapses is not None else "-",
+                       "ok" if lapses == 0 else "FAIL", {"hold_ttl": holds.get("hold_ttl")}))
+
+    exp = stall_expired + int(probe.get("stall_expired", 0))
+    det = stall_detected + int(probe.get("stall_detected", 0))
+    bodies, bodies_lost = int(probe.get("stall_bodies", 0)), int(probe.get("stall_bodies_lost", 0))
+    ok = det == exp and bodies_lost == bodies and exp > 0
+    figs.append(Figure("stalls", det, f"{det} / {exp}", "ok" if ok else "FAIL",
+                       {"bodies": bodies, "bodies_lost": bodies_lost, "in_workload": stall_expired}))
+
+    over = probe.get("overshoot_max")
+    early = probe.get("overshoot_min", 0.0) < -0.001
+    unexpected = int(probe.get("timeout_unexpected", 0))
+    ok = over is not None and over <= 0.05 and not early and unexpected == 0
+    figs.append(Figure("timeouts", over, f"{_fmt_s(over)} (n={probe.get('timeout_probes', 0)})",
+                       "ok" if ok else "FAIL", {"early": early, "unexpected": unexpected}))
+
+    stops = taken = 0
+    for ev in events:
+        if ev["kind"] == "stop" and ev["holdings"]:
+            for lock, _tok in ev["holdings"]:
+                stops += 1
+                if any(ev["t0"] <= r[6] <= ev["t1"] and r[4] != ev["pid"] for r in acq.get(lock, [])):
+                    taken += 1
+    figs.append(Figure("stop_takeover", taken, f"{taken} / {stops}", "ok"))
+
+    # -- the run --------------------------------------------------------------------------
+    fenced = sum(1 for rec in accesses if rec[0] == "W")
+    figs.append(Figure("fenced", fenced, f"{fenced:,}", "ok",
+                       {"acquisitions": sum(len(v) for v in acq.values())}))
+    kinds = collections.Counter(ev["kind"].split(":")[0] for ev in events)
+    figs.append(Figure("faults", sum(kinds.values()),
+                       " ".join(f"{k}{v}" for k, v in sorted(kinds.items())), "ok", dict(kinds)))
+    if extra:
+        figs.append(Figure(extra["key"], extra.get("value"), extra["text"], extra["status"], extra))
+    return figs

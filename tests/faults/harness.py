@@ -1,0 +1,448 @@
+"""The orchestrator: per backend, start the server(s), the checker, the proxies and the
+workers; inject faults; run the fault-free probes; collect and analyse.
+
+Use :func:`run` (in-process) or ``python -m tests.faults`` (see ``__main__.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiolock
+
+from .analysis import Figure, analyze
+from .backends import BACKENDS, BackendSpec, ensemble_class
+from .common import CheckerClient, mono
+from .proxy import Proxy
+
+__all__ = ["Config", "Result", "run"]
+
+ROOT = Path(__file__).resolve().parents[2]
+log = logging.getLogger("tests.faults")
+
+
+@dataclass
+class Config:
+    """What one run does. :meth:`quick` and :meth:`long` are the two presets."""
+
+    backends: list[str]
+    seed: int = 1
+    mode: str = "quick"
+    ttl: float = 1.0
+    procs: int = 3
+    tasks: int = 3
+    locks: int = 2
+    chaos: float = 0.05
+    #: quick: every fault kind once (shuffled); long: random kinds until ``target`` writes
+    target: int = 0
+    max_seconds: float = 30.0
+    gap: float = 0.4
+    cancels: int = 300
+    holds: int = 100
+    hold_ttl: float = 1.0
+    timeouts: int = 20
+    stall_rounds: int = 1
+    #: backends run at once (quick: 3; they mostly wait, the CPU stays idle)
+    parallel: int = 3
+
+    @classmethod
+    def quick(cls, backends: list[str], seed: int) -> Config:
+        return cls(backends=backends, seed=seed)
+
+    @classmethod
+    def long(cls, backends: list[str], seed: int) -> Config:
+        return cls(backends=backends, seed=seed, mode="long", procs=4, tasks=4, locks=4, target=100_000,
+                   max_seconds=7200.0, gap=2.0, cancels=10_000, holds=10_000, hold_ttl=2.0,
+                   timeouts=300, stall_rounds=10, parallel=1)
+
+    def holds_for(self, key: str) -> tuple[int, int]:
+        """(total holds, held at once) for ``key``: PostgreSQL keeps one server connection
+        per held lease (the test server allows 200), ZooKeeper writes each renewal."""
+        if key == "postgres":
+            return min(self.holds, 1000 if self.mode == "long" else 50), 100
+        if key.startswith("zookeeper"):
+            return self.holds, 1000
+        return self.holds, self.holds
+
+
+@dataclass
+class Result:
+    """The figures of one backend (or why it was skipped)."""
+
+    backend: str
+    figures: list[Figure] = field(default_factory=list)
+    skipped: str = ""
+    seconds: float = 0.0
+    error: str = ""
+
+    def failed(self) -> list[Figure]:
+        return [f for f in self.figures if f.status == "FAIL"]
+
+
+@dataclass
+class _Worker:
+    proc: asyncio.subprocess.Process
+    proxy: Proxy | None
+    index: int
+
+
+class BackendRun:
+    """Everything for one backend column."""
+
+    def __init__(self, spec: BackendSpec, cfg: Config, tmp: Path, say: Any) -> None:
+        self.spec = spec
+        self.cfg = cfg
+        self.tmp = tmp
+        self.say = say
+        self.rng = random.Random(f"{cfg.seed}-{spec.key}")
+        self.server: Any = None
+        self.checker: asyncio.subprocess.Process | None = None
+        self.ctl: CheckerClient | None = None
+        self.sock = str(tmp / "checker.sock")
+        self.workers: list[_Worker] = []
+        self.events: list[dict[str, Any]] = []
+        self.spawned = 0
+        self.names = [f"{spec.key}-lock{i}" for i in range(cfg.locks)]
+
+    # -- processes ---------------------------------------------------------------------------
+
+    async def start_checker(self) -> None:
+        self.checker = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.faults.checker", self.sock, cwd=ROOT,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )
+        assert self.checker.stdout is not None
+        await asyncio.wait_for(self.checker.stdout.readline(), 30)
+        self.ctl = await CheckerClient(self.sock).open()
+
+    def direct_url(self) -> str:
+        return self.spec.url(self.server)
+
+    async def spawn_worker(self, index: int, proxy: Proxy | None) -> _Worker:
+        if proxy is None and self.spec.key != "zookeeper-3":
+            proxy = await Proxy(self.server.port).start()
+        url = self.spec.url(self.server, proxy.port if proxy else None)
+        self.spawned += 1
+        err = open(self.tmp / f"worker-{self.spawned}.stderr", "wb")  # noqa: SIM115, ASYNC230
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "tests.faults.worker", "--url", url, "--kind", self.spec.echo,
+                "--locks", ",".join(self.names), "--tasks", str(self.cfg.tasks),
+                "--ttl", str(self.cfg.ttl), "--checker", self.sock,
+                "--seed", str(self.rng.randrange(1 << 30)), "--chaos", str(self.cfg.chaos),
+                "--options", json.dumps(self.spec.options), cwd=ROOT,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
+            )
+        finally:
+            err.close()
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        if not line.startswith(b"READY"):
+            raise RuntimeError(f"worker did not start: {line!r}; see {self.tmp}")
+        return _Worker(proc, proxy, index)
+
+    def alive(self) -> list[_Worker]:
+        return [w for w in self.workers if w.proc.returncode is None]
+
+    # -- faults -----------------------------------------------------------------------------
+
+    async def pick(self) -> tuple[_Worker, list[list[Any]]]:
+        """A worker that holds a lock now (as the checker heard), and what it holds."""
+        assert self.ctl is not None
+        deadline = mono() + 2.0
+        while True:
+            holders, _ = await self.ctl.call("HOLD")
+            alive = {w.proc.pid: w for w in self.alive()}
+            pids = sorted({v[0] for v in holders.values() if v[0] in alive})
+            if pids or mono() > deadline:
+                break
+            await asyncio.sleep(0.02)
+        if not pids:
+            w = self.rng.choice(list(alive.values()))
+            return w, []
+        pid = self.rng.choice(pids)
+        return alive[pid], [[lock, v[1]] for lock, v in holders.items() if v[0] == pid]
+
+    def event(self, kind: str, t0: float, t1: float, pid: int = 0,
+              holdings: list[list[Any]] | None = None, **more: Any) -> None:
+        self.events.append(dict(kind=kind, t0=t0, t1=t1, pid=pid, holdings=holdings or [], **more))
+
+    async def inject(self, kind: str) -> None:
+        ttl = self.cfg.ttl
+        w, holdings = await self.pick()
+        pid = w.proc.pid
+        t0 = mono()
+        if kind == "stop":
+            how = "random"
+            if self.rng.random() < 0.5:
+                # the worker stops itself between a lease check and its write
+                assert w.proc.stdin is not None
+                w.proc.stdin.write(b"STOP-IN-GAP\n")
+                how = "in-gap"
+                while mono() - t0 < 1.5 and not _stopped(pid):
+                    await asyncio.sleep(0.002)
+            if not _stopped(pid):
+                os.kill(pid, signal.SIGSTOP)
+                how = "random"
+            t0 = mono()
+            await asyncio.sleep(1.5 * ttl)
+            os.kill(pid, signal.SIGCONT)
+            self.event(kind, t0, mono(), pid, holdings, how=how)
+        elif kind == "kill":
+            os.kill(pid, signal.SIGKILL)
+            self.event(kind, t0, t0, pid, holdings)
+            await w.proc.wait()
+            self.workers.append(await self.spawn_worker(w.index, w.proxy))
+            bound, _ = self.spec.kill_bound(ttl)
+            await asyncio.sleep(max(0.0, t0 + bound + 0.3 - mono()))
+        elif kind == "restart":
+            await asyncio.to_thread(self.server.restart)
+            self.event(kind, t0, mono())
+            await asyncio.sleep(ttl)
+        elif kind == "expire":
+            assert w.proc.stdin is not None
+            w.proc.stdin.write(b"EXPIRE\n")
+            await asyncio.sleep(2.0)
+            self.event(kind, t0, mono(), pid, holdings)
+            await asyncio.sleep(ttl)
+        elif kind == "stall":
+            assert w.proc.stdin is not None
+            w.proc.stdin.write(f"STALL {1.5 * ttl}\n".encode())
+            await asyncio.sleep(1.5 * ttl + 0.3)
+            self.event(kind, t0, mono(), pid, holdings)
+        elif kind == "leader":
+            index = await asyncio.to_thread(self.server.leader_index)
+            await asyncio.to_thread(self.server.kill, index)
+            await asyncio.sleep(2 * ttl)
+            await asyncio.to_thread(self.server.restart, index)
+            self.event(kind, t0, mono(), index=index)
+            await asyncio.sleep(ttl)
+        elif kind == "proxy":
+            proxy = w.proxy
+            assert proxy is not None
+            mode = self.rng.choice(["blackhole", "drop-up", "drop-down", "delay", "reset"])
+            if mode == "reset":
+                proxy.reset()
+            elif mode == "delay":
+                proxy.set_faults(delay=self.rng.uniform(0.05, 0.3))
+                await asyncio.sleep(2 * ttl)
+            else:
+                proxy.set_faults(up=mode in ("blackhole", "drop-up"), down=mode in ("blackhole", "drop-down"))
+                await asyncio.sleep(1.5 * ttl)
+                if self.rng.random() < 0.5:
+                    proxy.reset()
+                    mode += "+reset"
+            proxy.heal()
+            self.event(f"proxy:{mode}", t0, mono(), pid, holdings)
+            await asyncio.sleep(0.3)
+        else:
+            raise ValueError(kind)
+
+    # -- phases -------------------------------------------------------------------------------
+
+    async def workload(self) -> None:
+        cfg = self.cfg
+        self.workers = [await self.spawn_worker(i, None) for i in range(cfg.procs)]
+        started = mono()
+        assert self.ctl is not None
+        if cfg.mode == "quick":
+            schedule = list(self.spec.faults)
+            self.rng.shuffle(schedule)
+            await asyncio.sleep(0.5)
+            for kind in schedule:
+                await self.inject(kind)
+                await asyncio.sleep(cfg.gap * self.rng.uniform(0.5, 1.5))
+        else:
+            next_report = mono() + 30
+            while mono() - started < cfg.max_seconds:
+                _, writes = await self.ctl.call("HOLD")
+                if writes >= cfg.target:
+                    break
+                if mono() > next_report:
+                    self.say(f"  {self.spec.key}: {writes:,} fenced writes, {len(self.events)} faults, "
+                             f"{mono() - started:.0f}s")
+                    next_report = mono() + 60
+                await asyncio.sleep(cfg.gap * self.rng.uniform(0.5, 1.5))
+                await self.inject(self.rng.choice(self.spec.faults))
+        await self.stop_workers()
+
+    async def stop_workers(self) -> None:
+        for w in self.alive():
+            with contextlib.suppress(Exception):
+                os.kill(w.proc.pid, signal.SIGCONT)
+                assert w.proc.stdin is not None
+                w.proc.stdin.write(b"STOP\n")
+                w.proc.stdin.close()
+        for w in self.workers:
+            try:
+                await asyncio.wait_for(w.proc.wait(), 30)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.kill()
+                await w.proc.wait()
+        for w in self.workers:
+            if w.proxy is not None:
+                await w.proxy.aclose()
+
+    async def probes(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        cfg = self.cfg
+        total, at_once = cfg.holds_for(self.spec.key)
+        common = ["--url", self.direct_url(), "--kind", self.spec.echo, "--seed", str(cfg.seed)]
+        options = json.dumps(self.spec.options)
+        # a ZooKeeper lease is believed for at most the session timeout (keep ttl below 2.4x)
+        lock_ttl = 2 * float(self.spec.options.get("session_timeout", 15.0))
+        probe = self._probe(["probe", *common, "--options", options, "--ttl", str(cfg.ttl),
+                             "--lock-ttl", str(lock_ttl), "--cancels", str(cfg.cancels),
+                             "--timeouts", str(cfg.timeouts), "--stall-rounds", str(cfg.stall_rounds)])
+        hold_options = dict(self.spec.options)
+        if self.spec.key == "postgres":
+            hold_options["max_connections"] = at_once + 20  # one connection per held lease
+        holds = self._probe(["holds", *common, "--options", json.dumps(hold_options),
+                             "--ttl", str(cfg.hold_ttl), "--count", str(total),
+                             "--concurrency", str(at_once), "--prefix", "holds"])
+        a, b = await asyncio.gather(probe, holds)
+        return a, b
+
+    async def _probe(self, args: list[str]) -> dict[str, Any]:
+        err = self.tmp / f"probe-{args[0]}.stderr"
+        with err.open("wb") as fh:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "tests.faults.probe", *args, cwd=ROOT,
+                stdout=asyncio.subprocess.PIPE, stderr=fh,
+            )
+        out, _ = await asyncio.wait_for(proc.communicate(), 3600)
+        for line in out.decode().splitlines():
+            if line.startswith("RESULT "):
+                result: dict[str, Any] = json.loads(line[7:])
+                return result
+        raise RuntimeError(f"probe {args[0]} failed: {err.read_text()[-2000:]}")
+
+    async def restart_no_aof(self) -> dict[str, Any]:
+        """Redis without AOF: restart under a held lease; the token counter goes back."""
+        ttl = self.cfg.ttl
+        async with aiolock.connect(self.direct_url()) as locks:
+            name = "no-aof"
+            for _ in range(5):
+                await (await locks.lock(name, ttl=ttl).acquire(timeout=2)).release()
+            lease = await locks.lock(name, ttl=ttl).acquire(timeout=2)
+            before = lease.token
+            t0 = mono()
+            await asyncio.to_thread(self.server.restart)
+            while not lease.lost and mono() - t0 < ttl + 2:
+                await asyncio.sleep(0.01)
+            noticed = mono() - t0
+            again = await locks.lock(name, ttl=ttl).acquire(timeout=5)
+            after = again.token
+            await again.release()
+        went_back = after <= before
+        text = (f"n/a: no AOF, token {before}->{after}" if went_back
+                else f"token {before}->{after}")
+        return dict(key="restart_no_aof", value=after, text=text, status="n/a" if went_back else "ok",
+                    before=before, after=after, lost_noticed=noticed)
+
+    def _start_server(self) -> Any:
+        server = self.spec.make_server()
+        server.start()
+        return server
+
+    async def run(self) -> Result:
+        started = mono()
+        result = Result(self.spec.key)
+        try:
+            self.server = await asyncio.to_thread(self._start_server)
+        except Exception as exc:
+            result.skipped = f"server did not start: {exc}"
+            return result
+        try:
+            await self.start_checker()
+            await self.workload()
+            assert self.ctl is not None
+            path = str(self.tmp / "checker.jsonl")
+            await self.ctl.call("DUMP", path)
+            # parsing and analysis run in a thread: this event loop also runs the proxies
+            # of the backends still in their workload (a stall here stalls their traffic)
+            records = await asyncio.to_thread(_load, Path(path))
+            probe, holds = await self.probes()
+            extra = await self.restart_no_aof() if self.spec.extra == "restart-no-aof" else {}
+            result.figures = await asyncio.to_thread(
+                analyze, self.spec, self.cfg.ttl, records, self.events, probe, holds, extra)
+            (self.tmp / "events.json").write_text(json.dumps(self.events))
+            (self.tmp / "probe.json").write_text(json.dumps([probe, holds]))
+        except Exception as exc:
+            log.exception("backend %s failed", self.spec.key)
+            result.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            await self.close()
+            result.seconds = mono() - started
+        return result
+
+    async def close(self) -> None:
+        for w in self.workers:
+            if w.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.proc.pid, signal.SIGCONT)
+                    w.proc.kill()
+                await w.proc.wait()
+        if self.ctl is not None:
+            await self.ctl.aclose()
+        if self.checker is not None:
+            if self.checker.stdin is not None:
+                self.checker.stdin.close()
+            try:
+                await asyncio.wait_for(self.checker.wait(), 5)
+            except TimeoutError:
+                self.checker.kill()
+                await self.checker.wait()
+        if self.server is not None:
+            await asyncio.to_thread(self.server.close)
+
+
+def _load(path: Path) -> list[list[Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _stopped(pid: int) -> bool:
+    """Is ``pid`` in the stopped state (``T`` in /proc/pid/stat)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] in ("T", "t")
+    except OSError:
+        return False
+
+
+async def run(cfg: Config, say: Any = print, keep: bool = False) -> list[Result]:
+    """Run every backend of ``cfg`` (``cfg.parallel`` at a time); returns their results
+    in the order of ``cfg.backends``."""
+    slots = asyncio.Semaphore(max(1, cfg.parallel))
+
+    async def one(key: str) -> Result:
+        spec = BACKENDS[key]
+        if key == "zookeeper-3" and ensemble_class() is None:
+            say(f"{key}: skipped (no ZooKeeperEnsemble in tests/zk_server.py)")
+            return Result(key, skipped="no ZooKeeperEnsemble in tests/zk_server.py")
+        async with slots:
+            tmp = Path(tempfile.mkdtemp(prefix=f"aiolock-faults-{key}-"))
+            say(f"{key}: running ({cfg.mode}) ...")
+            t0 = time.monotonic()
+            result = await BackendRun(spec, cfg, tmp, say).run()
+            bad = result.failed()
+            state = result.skipped or result.error or (f"{len(bad)} figure(s) FAIL" if bad else "ok")
+            say(f"{key}: done in {time.monotonic() - t0:.1f}s: {state} (logs: {tmp})")
+            if not keep and not bad and not result.error:
+                shutil.rmtree(tmp, ignore_errors=True)
+            return result
+
+    return list(await asyncio.gather(*(one(key) for key in cfg.backends)))
