@@ -11,8 +11,9 @@ percent-encoded) so the braces form a cluster hash tag covering every key of one
 Guarantees and limits: leases live on one Redis master. If it restarts without
 persistence, or fails over to a replica that missed the latest writes, a held lease can
 vanish: the watchdog then reports it lost at the next renewal, and the token counter
-(if it was lost too) could repeat tokens -- keep AOF on (``appendonly yes``) where
-fencing matters.
+(if it was lost too) could repeat tokens -- where fencing matters keep AOF on with
+``appendonly yes`` and ``appendfsync always`` (the default ``everysec`` can lose the
+last second of acknowledged increments when the server is killed).
 
 Errors: connection failures and timeouts raise :class:`aiolock.BackendUnavailable`
 (the connect timeout and request timeout bound every call); other server errors raise
