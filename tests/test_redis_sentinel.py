@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 import redis.asyncio as aioredis
 
 import aiolock
-from aiolock.abc import Claim, Kind
 from aiolock.backends.redis_sentinel import RedisSentinelBackend
 from aiolock.fencing import MemoryFencedResource
 
@@ -131,33 +129,6 @@ async def test_wait_replicas_grants_and_renews(redis_sentinel: RedisSentinelServ
             await lease.extend(5)
             assert not lease.lost
         assert not lease.lost
-
-
-async def test_listeners_on_many_names_subscribing_at_once_are_all_woken(
-    locks: aiolock.Locks,
-) -> None:
-    """Ten first listeners subscribe concurrently: one pub/sub connection must carry all."""
-    backend = backend_of(locks)
-    waiters = [_Waiter() for _ in range(10)]
-    names = [f"many-{uuid.uuid4().hex[:12]}" for _ in waiters]
-    async with asyncio.timeout(3):
-        await asyncio.gather(*(backend.listen(n, Kind.LOCK, w) for n, w in zip(names, waiters, strict=True)))
-    for n in names:
-        await backend.client.publish(backend._base(n), "someone|")
-    async with asyncio.timeout(3):
-        await asyncio.gather(*(w.woken.wait() for w in waiters))
-    for n, w in zip(names, waiters, strict=True):
-        backend.unlisten(n, Kind.LOCK, w)
-
-
-class _Waiter:
-    claim: Claim
-
-    def __init__(self) -> None:
-        self.woken = asyncio.Event()
-
-    def wake(self, hint: str | None = None) -> None:
-        self.woken.set()
 
 
 # -- failover ------------------------------------------------------------------------------

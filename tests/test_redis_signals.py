@@ -1,0 +1,53 @@
+"""Release signals on every Redis flavour (plain, Cluster, Sentinel): the pub/sub layer
+the three backends share (``aiolock/backends/_redis_pubsub.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+import aiolock
+from aiolock.abc import Claim, Kind
+from aiolock.backends.redis import RedisBackend
+
+pytestmark = pytest.mark.timeout(60)
+
+SERVERS = {"redis": "redis_server", "redis-cluster": "redis_cluster", "redis-sentinel": "redis_sentinel"}
+
+
+@pytest.fixture(params=list(SERVERS))
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[RedisBackend]:
+    server: Any = request.getfixturevalue(SERVERS[request.param])
+    async with aiolock.connect(server.url) as locks:
+        assert isinstance(locks.backend, RedisBackend)
+        yield locks.backend
+
+
+class _Waiter:
+    claim: Claim
+
+    def __init__(self) -> None:
+        self.woken = asyncio.Event()
+
+    def wake(self, hint: str | None = None) -> None:
+        self.woken.set()
+
+
+async def test_listeners_on_many_names_subscribing_at_once_are_all_woken(backend: RedisBackend) -> None:
+    """Ten first listeners subscribe concurrently: the one pub/sub connection must carry
+    them all (redis-py once read only the last of several concurrent subscribes)."""
+    waiters = [_Waiter() for _ in range(10)]
+    names = [f"many-{uuid.uuid4().hex[:12]}" for _ in waiters]
+    async with asyncio.timeout(3):
+        await asyncio.gather(*(backend.listen(n, Kind.LOCK, w) for n, w in zip(names, waiters, strict=True)))
+    publisher = getattr(backend, "cluster", None) or backend.client
+    for n in names:
+        await publisher.publish(backend._base(n), "someone|")
+    async with asyncio.timeout(3):
+        await asyncio.gather(*(w.woken.wait() for w in waiters))
+    for n, w in zip(names, waiters, strict=True):
+        backend.unlisten(n, Kind.LOCK, w)
