@@ -10,6 +10,7 @@ Each failover test has its own servers (function-scoped), so the shared ones sta
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
@@ -236,3 +237,17 @@ async def test_unreplicated_grant_is_lost_in_failover_and_its_token_repeats(
             assert await resource.write(stale.token, "stale holder")
             assert not await resource.write(first.token, "older holder")
             await other.release()
+
+
+async def test_release_whose_reply_was_late_is_a_release(
+    own_sentinel: RedisSentinelServers, name: str
+) -> None:
+    """redis-py resends a request whose reply timed out; the resent RELEASE must not turn
+    a release that happened into a "lost" lease."""
+    async with aiolock.connect(own_sentinel.url, request_timeout=0.5, connect_timeout=1) as locks:
+        lock = locks.lock(name, ttl=10)
+        async with lock as lease:
+            own_sentinel.master.pause()  # the release's reply comes after its timeout
+            threading.Timer(0.7, own_sentinel.master.resume).start()
+        assert lease.released and not lease.lost
+        assert not await lock.locked()

@@ -41,8 +41,9 @@ async def acquire(r: Any, owner: str, ttl: int = 10_000, fair: bool = False) -> 
     return await run(r, ACQUIRE, keys("n", owner), owner, ttl, "1" if fair else "0", ttl)
 
 
-async def release(r: Any, owner: str, abandon: bool = False) -> int:
-    return await run(r, RELEASE, keys("n", owner), owner, "chan", "1" if abandon else "0", 60_000)
+async def release(r: Any, owner: str, abandon: bool = False, mark: int = 0) -> int:
+    return await run(r, RELEASE, keys("n", owner), owner, "chan", "1" if abandon else "0",
+                     60_000 if abandon else mark)
 
 
 async def test_grant_busy_release(r: Any) -> None:
@@ -152,9 +153,9 @@ async def shared(r: Any, owner: str, kind: str, ttl: int = 10_000, limit: int = 
                      "1" if fair else "0", ttl, kind, limit)
 
 
-async def shared_release(r: Any, owner: str, kind: str) -> int:
+async def shared_release(r: Any, owner: str, kind: str, mark: int = 0) -> int:
     family = "sem" if kind == "p" else "rw"
-    return await run(r, RELEASE_SHARED, shared_keys(owner, family), owner, "c", "0", 0, kind)
+    return await run(r, RELEASE_SHARED, shared_keys(owner, family), owner, "c", "0", mark, kind)
 
 
 async def test_readers_share_and_waiting_writer_goes_first(r: Any) -> None:
@@ -195,3 +196,18 @@ async def test_renew_shared_holder(r: Any) -> None:
     k = ["aiolock:sem:{n}:h", "aiolock:sem:{n}:ht"]
     assert await r.eval(RENEW.source, 2, *k, "z", "a", 5000) == [5000]
     assert await r.eval(RENEW.source, 2, *k, "z", "gone", 5000) == [0]
+
+
+async def test_a_resent_release_is_still_a_release(r: Any) -> None:
+    """A client that resends a RELEASE after a lost reply (redis-py's retry) must hear 1
+    again, not 0 (which would read as a lost lease)."""
+    await acquire(r, "a")
+    assert await release(r, "a", mark=60_000) == 1
+    assert await release(r, "a", mark=60_000) == 1  # the resend
+    assert await release(r, "b", mark=60_000) == 0  # someone else's: still not theirs
+    assert (await acquire(r, "a"))[0] == -1  # a released claim is never granted again
+    assert (await acquire(r, "b"))[:2] == [1, 2]
+    for kind in ("w", "r", "p"):
+        await shared(r, "s-" + kind, kind)
+        assert await shared_release(r, "s-" + kind, kind, mark=60_000) == 1
+        assert await shared_release(r, "s-" + kind, kind, mark=60_000) == 1

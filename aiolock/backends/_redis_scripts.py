@@ -119,7 +119,10 @@ return {0, retry}
 #: KEYS     as in the module doc (KEYS[2] unused)
 #: ARGV[1]  owner id     ARGV[2]  pub/sub channel of the lock
 #: ARGV[3]  "1" to abandon: also leave the fair queue and set the tombstone, which
-#:          lives ARGV[4] ms, so an ACQUIRE of this claim still in flight cannot grant
+#:          lives ARGV[4] ms, so an ACQUIRE of this claim still in flight cannot grant;
+#:          "0" to release: if ARGV[4] > 0, a release also leaves a marker ('r', ARGV[4]
+#:          ms) so that a repeat of it (a client that resent it after a lost reply)
+#:          still returns 1
 #: publishes ``<releasing owner id>|<owner id of the next fair waiter, or ''>`` when the
 #:          lock was freed (or the head of the fair queue left)
 #: returns  1 if this owner held the lock (now released), else 0
@@ -130,6 +133,13 @@ if redis.call('hget', KEYS[1], 'owner') == ARGV[1] then
   redis.call('del', KEYS[1])
   released = 1
   wake = true
+end
+if ARGV[3] ~= '1' and ARGV[4] ~= '0' then
+  if released == 1 then
+    redis.call('set', KEYS[5], 'r', 'PX', ARGV[4])
+  elseif redis.call('get', KEYS[5]) == 'r' then
+    released = 1
+  end
 end
 if ARGV[3] == '1' then
   redis.call('set', KEYS[5], '1', 'PX', ARGV[4])
@@ -291,6 +301,13 @@ else
   end
 end
 wake = released == 1
+if ARGV[3] ~= '1' and ARGV[4] ~= '0' then
+  if released == 1 then
+    redis.call('set', KEYS[5], 'r', 'PX', ARGV[4])
+  elseif redis.call('get', KEYS[5]) == 'r' then
+    released = 1
+  end
+end
 if ARGV[3] == '1' then
   redis.call('set', KEYS[5], '1', 'PX', ARGV[4])
   if redis.call('zrem', KEYS[4], owner) == 1 then

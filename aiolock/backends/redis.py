@@ -53,6 +53,8 @@ __all__ = ["RedisBackend", "redis_key_part"]
 
 #: How long an abandoned claim stays barred from a late grant (ms), at least.
 TOMBSTONE_MS = 60_000
+#: How long a release through a redis-py client stays recognisable to its own resend (ms).
+RELEASED_MARK_MS = 60_000
 
 
 def redis_key_part(name: str) -> str:
@@ -290,7 +292,11 @@ class RedisBackend(Backend):
         on_retry: Callable[[], object] | None = None,
     ) -> Any:
         flag = "1" if abandon else "0"
-        tomb = max(TOMBSTONE_MS, 2 * claim.ttl_ms) if abandon else 0
+        # A redis-py client resends a request whose reply was lost (its retry policy),
+        # and the resent RELEASE would find nothing: leave a marker it recognises. Our
+        # own connection retries itself and tells us (on_retry): no marker needed.
+        tomb = max(TOMBSTONE_MS, 2 * claim.ttl_ms) if abandon else (
+            0 if self._resp is not None else RELEASED_MARK_MS)
         if claim.kind is Kind.LOCK:
             return await self._run(
                 RELEASE, keys, claim.owner, keys[0], flag, tomb, on_retry=on_retry

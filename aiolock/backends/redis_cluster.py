@@ -36,7 +36,9 @@ yes`` (the default) makes the cluster refuse all commands while any slot is down
 Errors: unreachable seed nodes raise :class:`aiolock.BackendUnavailable` within the
 connect timeout; a failed or timed-out request, a cluster that is down, or a slot with
 no master raise :class:`aiolock.BackendUnavailable`; other server errors raise
-:class:`aiolock.LockError`.
+:class:`aiolock.LockError`. A request to an unresponsive master is tried up to four
+times (redis-py's retries ride over redirections), so it fails after at most about
+``4 x request_timeout`` (plus a quarter second of back-off), not one ``request_timeout``.
 """
 
 from __future__ import annotations
