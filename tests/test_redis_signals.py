@@ -51,3 +51,28 @@ async def test_listeners_on_many_names_subscribing_at_once_are_all_woken(backend
         await asyncio.gather(*(w.woken.wait() for w in waiters))
     for n, w in zip(names, waiters, strict=True):
         backend.unlisten(n, Kind.LOCK, w)
+
+
+async def test_idle_channels_are_unsubscribed_under_steady_traffic(
+    backend: RedisBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A channel nobody listens to any more is dropped even while another channel gets a
+    message every fraction of a second (the subscription set must not grow forever)."""
+    from aiolock.backends import _redis_pubsub
+
+    monkeypatch.setattr(_redis_pubsub, "IDLE_UNSUBSCRIBE", 0.3)
+    busy, idle = _Waiter(), _Waiter()
+    busy_name, idle_name = f"busy-{uuid.uuid4().hex[:8]}", f"idle-{uuid.uuid4().hex[:8]}"
+    await backend.listen(busy_name, Kind.LOCK, busy)
+    await backend.listen(idle_name, Kind.LOCK, idle)
+    backend.unlisten(idle_name, Kind.LOCK, idle)
+    publisher = getattr(backend, "cluster", None) or backend.client
+    signals: Any = backend.signals
+    for _ in range(20):  # 3 s of traffic, a message every 0.15 s
+        await publisher.publish(backend._base(busy_name), "someone|")
+        await asyncio.sleep(0.15)
+        if backend._base(idle_name) not in signals._confirmed:
+            break
+    assert backend._base(idle_name) not in signals._confirmed
+    assert backend._base(busy_name) in signals._confirmed
+    backend.unlisten(busy_name, Kind.LOCK, busy)

@@ -45,6 +45,7 @@ class Signals:
         self._waiters: dict[str, set[Waiter]] = {}
         self._confirmed: dict[str, asyncio.Future[None]] = {}
         self._idle_since: dict[str, float] = {}
+        self._swept = time.monotonic()  # last look for idle channels
         self._rewake: set[str] = set()
         self._local_releases: set[str] = set()  # owner ids released by this process
         self._background: set[asyncio.Future[None]] = set()
@@ -163,8 +164,9 @@ class Signals:
                 backoff = min(backoff * 2, 1.0)
                 await self._reconnect()
                 continue
+            if message is None or time.monotonic() - self._swept > 1.0:
+                self._unsubscribe_idle()  # also under steady traffic, so idle ones go
             if message is None:
-                self._unsubscribe_idle()
                 continue
             kind = message["type"]
             channel = _text(message["channel"])
@@ -188,7 +190,7 @@ class Signals:
                         waiter.wake()
 
     def _unsubscribe_idle(self) -> None:
-        now = time.monotonic()
+        now = self._swept = time.monotonic()
         idle = [c for c, since in self._idle_since.items() if now - since > IDLE_UNSUBSCRIBE]
         for channel in idle:
             del self._idle_since[channel]
