@@ -854,7 +854,11 @@ class ZooKeeperBackend(Backend):
         present = {f"{parent}/{n.name}" for n in nodes}
         for path in [p for p in self._seen if p.rpartition("/")[0] == parent and p not in present]:
             del self._seen[path]  # released since we last looked
-        holder_paths = {f"{parent}/{n.name}" for n in holders}
+        # Reap-clocks run only for nodes that hold in the full listing: a node that holds
+        # only because our own abandoned (not yet deleted) nodes are left out does not
+        # know it holds yet, and counts its lease from later than we would.
+        real = {n.name for n in _holders(nodes, claim.limit)}
+        holder_paths = {f"{parent}/{n.name}" for n in holders if n.name in real}
         read = sorted(holder_paths & targets if first else holder_paths)
         self._watch(claim, targets)
         watched = sorted(targets)
