@@ -17,7 +17,8 @@ from .backends import BACKENDS
 from .harness import Config, run
 from .report import table, to_json
 
-DEFAULT = ["redis", "redis-aof", "zookeeper", "postgres", "memcached", "zookeeper-3"]
+DEFAULT = ["redis", "redis-aof", "zookeeper", "postgres", "memcached", "zookeeper-3", "redlock",
+           "redis-cluster", "redis-sentinel"]
 
 
 def main() -> int:

@@ -97,9 +97,31 @@ async def echo(locks: aiolock.Locks, kind: str) -> bool:
     ours. False means a desync (a reply meant for another caller); errors propagate."""
     nonce = secrets.token_hex(8)
     backend: Any = locks.backend
+    if kind == "redis-cluster":
+        # ECHO has no key to route by: a script with a key, on the master of its slot
+        slot_key = f"aiolock-faults:echo:{nonce}"
+        got = await backend._call("EVAL", "return ARGV[1]", 1, slot_key, nonce)
+        return bool(got == nonce.encode() or got == nonce)
     if kind in ("redis", "redis-aof"):
         got = await backend._call("ECHO", nonce)
         return bool(got == nonce.encode() or got == nonce)
+    if kind == "redlock":
+        # every node's connection: a wrong reply on any is a desync; nodes cut off by a
+        # fault are left out (an error only if no node answered)
+        answered, last = 0, None
+        for node in backend.nodes:
+            try:
+                async with asyncio.timeout(2):
+                    got = await node._call("ECHO", nonce)
+            except Exception as exc:
+                last = exc
+                continue
+            answered += 1
+            if not (got == nonce.encode() or got == nonce):
+                return False
+        if not answered:
+            raise last or ConnectionError("no node answered")
+        return True
     if kind == "memcached":
         key = f"aiolock-faults:echo:{nonce}".encode()
         value = nonce.encode()

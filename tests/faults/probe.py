@@ -229,10 +229,10 @@ async def holds(args: argparse.Namespace) -> dict[str, Any]:
             # acquired 500 at a time: a burst of thousands of acquires on one connection
             # would measure that burst (renewals queue behind it), not the holds
             leases: list[aiolock.Lease] = []
-            for j in range(0, n, 500):
+            for j in range(0, n, args.burst):
                 leases += await asyncio.gather(*(
                     locks.lock(f"{args.prefix}-h{r}-{i}", ttl=args.ttl).acquire(timeout=60)
-                    for i in range(j, min(n, j + 500))
+                    for i in range(j, min(n, j + args.burst))
                 ))
             await asyncio.sleep(10 * args.ttl)
             lost += sum(1 for lease in leases if lease.lost)
@@ -263,6 +263,7 @@ def main() -> int:
     parser.add_argument("--timeouts", type=int, default=20)
     parser.add_argument("--stall-rounds", type=int, default=2)
     parser.add_argument("--count", type=int, default=100)
+    parser.add_argument("--burst", type=int, default=500, help="holds: acquires at once")
     args = parser.parse_args()
     logging.basicConfig(level=logging.CRITICAL)
     result = asyncio.run(probe(args) if args.mode == "probe" else holds(args))

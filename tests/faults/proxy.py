@@ -20,7 +20,7 @@ import socket
 import struct
 from collections import deque
 
-__all__ = ["Proxy"]
+__all__ = ["Proxies", "Proxy"]
 
 
 class _Pipe:
@@ -163,3 +163,43 @@ class Proxy:
         self.reset()
         for t in list(self._tasks):
             t.cancel()
+
+
+class Proxies:
+    """One worker's proxies, one per server node (``redlock``: one per Redis master); a
+    fault applies to the nodes chosen (``which``: indices, default all)."""
+
+    def __init__(self, target_ports: list[int]) -> None:
+        self.proxies = [Proxy(p) for p in target_ports]
+
+    async def start(self) -> Proxies:
+        for proxy in self.proxies:
+            await proxy.start()
+        return self
+
+    @property
+    def ports(self) -> list[int]:
+        return [p.port for p in self.proxies]
+
+    @property
+    def port(self) -> int:
+        return self.proxies[0].port
+
+    def _chosen(self, which: list[int] | None) -> list[Proxy]:
+        return self.proxies if which is None else [self.proxies[i] for i in which]
+
+    def set_faults(self, *, up: bool | None = None, down: bool | None = None,
+                   delay: float | None = None, which: list[int] | None = None) -> None:
+        for proxy in self._chosen(which):
+            proxy.set_faults(up=up, down=down, delay=delay)
+
+    def heal(self) -> None:
+        for proxy in self.proxies:
+            proxy.heal()
+
+    def reset(self, which: list[int] | None = None) -> int:
+        return sum(proxy.reset() for proxy in self._chosen(which))
+
+    async def aclose(self) -> None:
+        for proxy in self.proxies:
+            await proxy.aclose()

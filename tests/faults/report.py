@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .backends import BACKENDS
 from .harness import Config, Result
 
 __all__ = ["ROWS", "table", "to_json"]
@@ -26,6 +27,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("stalls", "stalls > TTL detected / expired", "liveness"),
     ("timeouts", "acquire timeout overshoot max (50ms)", "liveness"),
     ("stop_takeover", "  SIGSTOP: taken over during pause", "info"),
+    ("server_fault_gap", "  server fault: next grant, max", "info"),
     ("fenced", "fenced acquisitions (writes)", "run"),
     ("faults", "faults injected", "run"),
 ]
@@ -48,7 +50,7 @@ def table(results: list[Result], cfg: Config, seconds: float) -> str:
     widths = []
     for r in results:
         texts = [_cell(f) for f in r.figures] + [r.backend, r.skipped[:CELL], r.error[:CELL]]
-        widths.append(max(CELL, min(40, max(len(t) for t in texts))))
+        widths.append(max(CELL, min(48, max(len(t) for t in texts))))
     lines = []
     head = "figure".ljust(LABEL) + "".join(
         r.backend.ljust(w + 2) for r, w in zip(results, widths, strict=True))
@@ -90,6 +92,9 @@ def table(results: list[Result], cfg: Config, seconds: float) -> str:
         sup = next((f for f in r.figures if f.key == "superseded"), None)
         if sup is not None and sup.detail.get("why"):
             notes.append(f"{r.backend}: n/a = {sup.detail['why']}")
+        spec = BACKENDS.get(r.backend)
+        if spec is not None and spec.not_injected and not r.skipped:
+            notes.append(f"{r.backend}: not injected: {spec.not_injected}")
         if r.skipped:
             notes.append(f"{r.backend}: skipped: {r.skipped}")
         if r.error:
