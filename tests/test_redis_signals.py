@@ -76,3 +76,14 @@ async def test_idle_channels_are_unsubscribed_under_steady_traffic(
     assert backend._base(idle_name) not in signals._confirmed
     assert backend._base(busy_name) in signals._confirmed
     backend.unlisten(busy_name, Kind.LOCK, busy)
+
+
+async def test_many_concurrent_requests_queue_instead_of_failing(backend: RedisBackend) -> None:
+    """More requests at once than a redis-py pool holds (100) wait for a connection
+    instead of failing with MaxConnectionsError (Cluster, Sentinel; plain Redis pipelines)."""
+    locks = aiolock.connect(backend)
+    names = [f"burst-{uuid.uuid4().hex[:8]}-{i}" for i in range(150)]
+    leases = await asyncio.gather(*(locks.lock(n, ttl=10).acquire(timeout=10) for n in names))
+    assert not any(lease.lost for lease in leases)
+    await asyncio.gather(*(lease.release() for lease in leases))
+    await locks.aclose()  # closes the backend too; the fixture's second close is a no-op

@@ -55,6 +55,9 @@ __all__ = ["RedisBackend", "redis_key_part"]
 TOMBSTONE_MS = 60_000
 #: How long a release through a redis-py client stays recognisable to its own resend (ms).
 RELEASED_MARK_MS = 60_000
+#: Requests in flight at once through a redis-py client (its pool holds at most 100 by
+#: default in redis-py 8, and Sentinel's own pool is not configurable from a URL).
+MAX_IN_FLIGHT = 64
 
 
 def redis_key_part(name: str) -> str:
@@ -89,8 +92,12 @@ class RedisBackend(Backend):
         self._resp = resp
         self.ordered = resp is not None  # one pipelined connection carries every script
         self._connect_timeout = connect_timeout
+        # A redis-py client's pool fails at once when all its connections are busy
+        # (MaxConnectionsError): requests through one wait for one of MAX_IN_FLIGHT slots.
+        self._raw_call: Callable[..., Awaitable[Any]] = client.execute_command
+        self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._call: Callable[..., Awaitable[Any]] = (
-            resp.call if resp is not None else client.execute_command
+            resp.call if resp is not None else self._limited_call
         )
         self._request_timeout = request_timeout
         self._gates: dict[tuple[str, str], _Gate] = {}  # see try_acquire
@@ -163,6 +170,10 @@ class RedisBackend(Backend):
         return keys
 
     # -- running scripts ------------------------------------------------------------------
+
+    async def _limited_call(self, *args: Any) -> Any:
+        async with self._in_flight:
+            return await self._raw_call(*args)
 
     async def _run(
         self, script: Script, keys: Sequence[str], *args: Any,

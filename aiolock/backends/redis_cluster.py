@@ -184,7 +184,7 @@ class RedisClusterBackend(RedisBackend):
             owns_client=owns_client, signals=signals,
         )
         self._cluster = cluster
-        self._call = self._cluster_call
+        self._raw_call = self._cluster_call  # through _limited_call (see RedisBackend)
 
     @classmethod
     def from_url(
@@ -248,6 +248,10 @@ class RedisClusterBackend(RedisBackend):
             return await self._cluster.execute_command(*args)
         except _UNAVAILABLE as exc:
             raise rexc.ConnectionError(f"{type(exc).__name__}: {exc}") from exc
+        except AttributeError as exc:
+            # redis-py 8 can fail this way while it reopens a connection to a master that
+            # is restarting (its writer is still None): the node is unavailable, not us
+            raise rexc.ConnectionError(f"connection to a restarting node: {exc}") from exc
 
     async def connect(self) -> None:
         try:

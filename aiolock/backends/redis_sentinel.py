@@ -272,7 +272,7 @@ class RedisSentinelBackend(RedisBackend):
     ) -> tuple[Any, int]:
         """The script, then ``WAIT`` on the same connection (one pipeline)."""
         for attempt in (1, 2):
-            async with self._client.pipeline(transaction=False) as pipe:
+            async with self._in_flight, self._client.pipeline(transaction=False) as pipe:
                 pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
                 pipe.execute_command("WAIT", self._wait_replicas, self._wait_ms)
                 reply, acked = await pipe.execute(raise_on_error=False)
