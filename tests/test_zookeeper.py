@@ -7,10 +7,8 @@ our own child process on a free loopback port (:mod:`tests.zk_server`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
-import struct
 import subprocess
 import sys
 import textwrap
@@ -25,6 +23,7 @@ import aiolock
 from aiolock import _connect
 from aiolock.abc import Claim, Kind
 
+from .faults.common import expire_zk_session
 from .servers import free_port
 from .zk_server import ZooKeeperServer, four_letter, zookeeper_classpath
 
@@ -107,7 +106,6 @@ async def test_awkward_names_work(locks: aiolock.Locks) -> None:
 
 
 async def test_unreachable_ensemble_is_bounded() -> None:
-    from .servers import free_port
 
     started = time.monotonic()
     with pytest.raises(aiolock.BackendUnavailable):
@@ -229,7 +227,7 @@ async def test_session_expiry_while_holding_loses_the_lease(backend_url: str, na
         with pytest.raises(aiolock.LockLost):
             async with a.lock(name, ttl=3) as lease:
                 expired = time.monotonic()
-                await asyncio.shield(_expire_session(backend))
+                assert await asyncio.shield(expire_zk_session(a))
                 await asyncio.sleep(15)
                 reached = True
         assert not reached and lease.lost
@@ -244,47 +242,6 @@ async def test_session_expiry_while_holding_loses_the_lease(backend_url: str, na
             await asyncio.sleep(0.1)
         async with a.lock(name) as again:
             assert again.token > other.token
-
-
-async def _expire_session(backend: ZooKeeperBackend) -> None:
-    """Expire ``backend``'s session from the server side: join it on a raw connection of
-    our own (same id and password) and send a close request there; repeat until a join is
-    refused (the server answers session id 0: the session is gone).
-
-    The server moves a session to its newest connection, and the original client would
-    reconnect at once and take it back; so while this runs its host list points at a
-    closed port."""
-    from aiozk import protocol
-    from aiozk.connection import Connection
-
-    session = backend.client.session
-    real_hosts = list(session.hosts)
-    sid, password, timeout_ms = session.session_id, session.password, int(session.timeout * 1000)
-    session.hosts = [("127.0.0.1", free_port())]
-    try:
-        for _ in range(20):
-            host, port = real_hosts[0]
-            conn = Connection(host, port, watch_handler=lambda _event: None, read_timeout=3)
-            try:
-                await asyncio.wait_for(conn.connect(), 5)
-                reply = await asyncio.wait_for(conn.send_connect(protocol.ConnectRequest(
-                    protocol_version=0, last_seen_zxid=0, timeout=timeout_ms,
-                    session_id=sid, password=password, read_only=False)), 5)
-                if reply is not None and reply[1].session_id == 0:
-                    return  # expired
-                if reply is not None:
-                    payload = protocol.CloseRequest().serialize(protocol.CLOSE_XID)
-                    conn.writer.write(struct.pack("!i", len(payload)) + payload)
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(conn.reader.read(), 2)  # until the server hangs up
-            except (TimeoutError, OSError, aiozk.exc.ZKError):
-                pass
-            finally:
-                conn.writer.close()
-            await asyncio.sleep(0.1)
-        raise AssertionError("could not expire the ZooKeeper session")
-    finally:
-        session.hosts = real_hosts
 
 
 async def test_dropped_connection_with_surviving_session(backend_url: str, name: str) -> None:

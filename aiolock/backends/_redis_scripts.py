@@ -48,6 +48,16 @@ local function server_now()  -- ms on the server's clock
   local t = redis.call('time')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+local function release_marker(released)  -- RELEASE*: see RELEASE's ARGV[3], ARGV[4]
+  if ARGV[3] ~= '1' and ARGV[4] ~= '0' then
+    if released == 1 then
+      redis.call('set', KEYS[5], 'r', 'PX', ARGV[4])
+    elseif redis.call('get', KEYS[5]) == 'r' then
+      return 1
+    end
+  end
+  return released
+end
 local function queue_head(now)  -- first live waiter in KEYS[3..4]; lapsed places dropped
   local head = redis.call('lindex', KEYS[3], 0)
   while head do
@@ -126,7 +136,7 @@ return {0, retry}
 #: publishes ``<releasing owner id>|<owner id of the next fair waiter, or ''>`` when the
 #:          lock was freed (or the head of the fair queue left)
 #: returns  1 if this owner held the lock (now released), else 0
-RELEASE = Script("release", """
+RELEASE = Script("release", _LIB + """
 local released = 0
 local wake = false
 if redis.call('hget', KEYS[1], 'owner') == ARGV[1] then
@@ -134,13 +144,7 @@ if redis.call('hget', KEYS[1], 'owner') == ARGV[1] then
   released = 1
   wake = true
 end
-if ARGV[3] ~= '1' and ARGV[4] ~= '0' then
-  if released == 1 then
-    redis.call('set', KEYS[5], 'r', 'PX', ARGV[4])
-  elseif redis.call('get', KEYS[5]) == 'r' then
-    released = 1
-  end
-end
+released = release_marker(released)
 if ARGV[3] == '1' then
   redis.call('set', KEYS[5], '1', 'PX', ARGV[4])
   if redis.call('zrem', KEYS[4], ARGV[1]) == 1 then
@@ -301,13 +305,7 @@ else
   end
 end
 wake = released == 1
-if ARGV[3] ~= '1' and ARGV[4] ~= '0' then
-  if released == 1 then
-    redis.call('set', KEYS[5], 'r', 'PX', ARGV[4])
-  elseif redis.call('get', KEYS[5]) == 'r' then
-    released = 1
-  end
-end
+released = release_marker(released)
 if ARGV[3] == '1' then
   redis.call('set', KEYS[5], '1', 'PX', ARGV[4])
   if redis.call('zrem', KEYS[4], owner) == 1 then
