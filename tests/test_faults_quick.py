@@ -10,11 +10,15 @@ instead of 50 ms, so that another job on the same two cores does not fail the bu
 Lease lapses in fault-free holds and stalls detected on wake have no margin.
 
 Runs all nine backends (redis, redis-aof, zookeeper, postgres, memcached, zookeeper-3,
-redlock, redis-cluster, redis-sentinel; about 90 s on an idle 2-core machine, 3 at a
-time). ``AIOLOCK_FAULTS_BACKENDS=a,b`` runs a subset instead. Safety figures marked
-``n/a`` (redis-sentinel: token duplicates inside a failover's window, which the backend
-documents without ``wait_replicas``) are not failures: ``value`` counts only the judged
-ones.
+redlock, redis-cluster, and Sentinel as ``redis-sentinel-wait``, i.e. with
+``wait_replicas=1``; about 90 s on an idle 2-core machine, 3 at a time).
+``AIOLOCK_FAULTS_BACKENDS=a,b`` runs another set. Sentinel without ``wait_replicas`` is
+left to the on-demand runs: after a failover that lost token increments its tokens
+restart lower (documented), and every access until the counter catches up reads as
+"superseded"; the harness marks that n/a only inside the injected failover's window, so
+a long tail after it (or a failover the sentinel starts on its own on an overloaded
+machine) fails a figure the backend never promised. Safety figures marked ``n/a`` are
+not failures: ``value`` counts only the judged ones.
 
 Skips cleanly when a server binary is missing (the harness reports the backend skipped).
 """
@@ -40,10 +44,14 @@ KILL_MARGIN = 1.0
 TIMEOUT_MARGIN = 0.25
 
 
+DEFAULT_BACKENDS = ("redis,redis-aof,zookeeper,postgres,memcached,zookeeper-3,redlock,redis-cluster,"
+                    "redis-sentinel-wait")
+
+
 @pytest.mark.timeout(400)
 def test_fault_harness_quick(tmp_path: Path) -> None:
     out = tmp_path / "faults.json"
-    subset = os.environ.get("AIOLOCK_FAULTS_BACKENDS", "")
+    subset = os.environ.get("AIOLOCK_FAULTS_BACKENDS", DEFAULT_BACKENDS)
     done = subprocess.run(
         [sys.executable, "-m", "tests.faults", "--quick", "--json", str(out),
          *(["--backends", subset] if subset else [])],
