@@ -60,3 +60,41 @@ def check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"semaphore limit must be an int >= 1, got {limit!r}")
     return limit
+
+
+def check_timeouts(**values: object) -> None:
+    """ValueError unless each value is a number of seconds > 0."""
+    for what, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{what} must be a number of seconds > 0, got {value!r}")
+
+
+def parse_hosts(url: str, netloc: str, default_port: int, expected: str) -> list[tuple[str, int]]:
+    """``host:port,host:port`` (IPv6 in brackets: ``[::1]:6379``) -> ``[(host, port), ...]``,
+    hosts without brackets, lower-cased; the port defaults to ``default_port``. A malformed,
+    empty or repeated node raises ValueError naming ``url`` and saying ``expected``."""
+    hosts: list[tuple[str, int]] = []
+    for part in netloc.split(","):
+        part = part.strip()
+        if part.startswith("["):
+            host, bracket, rest = part[1:].partition("]")
+            if not bracket or (rest and not rest.startswith(":")):
+                raise ValueError(f"bad node {part!r} in {url!r}; expected {expected}")
+            port_text = rest[1:]
+        else:
+            host, _, port_text = part.partition(":")
+        if not host or ":" in port_text:
+            raise ValueError(f"bad node {part!r} in {url!r}; expected {expected}")
+        port_text = port_text or str(default_port)
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise ValueError(f"bad port {port_text!r} in {url!r} (1-65535); expected {expected}")
+        node = (host.lower(), int(port_text))
+        if node in hosts:
+            raise ValueError(f"node {part!r} appears twice in {url!r}; expected {expected}")
+        hosts.append(node)
+    return hosts
+
+
+def format_hosts(hosts: list[tuple[str, int]]) -> list[str]:
+    """``[(host, port), ...]`` -> ``["host:port", "[::1]:port", ...]`` (IPv6 in brackets)."""
+    return [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in hosts]

@@ -77,7 +77,7 @@ def test_bad_urls_raise_value_error(url: str) -> None:
 
 def test_url_forms_and_options() -> None:
     backend = RedisClusterBackend.from_url("redis+cluster://u:secret@a:7000,[::1]:7001,b")
-    assert backend.url == "redis+cluster://a:7000,::1:7001,b:6379"
+    assert backend.url == "redis+cluster://a:7000,[::1]:7001,b:6379"
     assert "secret" not in backend.url
     for bad in ({"connect_timeout": 0}, {"request_timeout": "1"}, {"prefix": "a{b"}):
         with pytest.raises(ValueError):

@@ -57,13 +57,14 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.crc import key_slot
 
+from .._validate import check_timeouts, format_hosts, parse_hosts
 from ..abc import Capability, Claim, Kind
 from ..errors import BackendUnavailable, LockError
 from ._redis_pubsub import Signals
 from ._redis_scripts import RENEW
 from .redis import RedisBackend
 
-__all__ = ["RedisClusterBackend", "parse_hosts"]
+__all__ = ["RedisClusterBackend"]
 
 log = logging.getLogger("aiolock")
 
@@ -76,33 +77,6 @@ _DOWN: tuple[type[BaseException], ...] = (
 )
 
 _CONNECT_ERRORS: tuple[type[BaseException], ...] = (rexc.RedisError, *_DOWN)
-
-
-def parse_hosts(url: str, netloc: str, default_port: int) -> list[tuple[str, int]]:
-    """``host:port,host:port`` (IPv6 in brackets) -> ``[(host, port), ...]``; ValueError
-    naming ``url`` if a part is malformed."""
-    hosts: list[tuple[str, int]] = []
-    for part in netloc.split(","):
-        part = part.strip()
-        if part.startswith("["):
-            host, _, rest = part[1:].partition("]")
-            port_text = rest[1:] if rest.startswith(":") else rest
-        else:
-            host, _, port_text = part.partition(":")
-        if not host or (port_text and not port_text.isdigit()):
-            raise ValueError(f"expected host:port[,host:port...] in {url!r}, got {part!r}")
-        port = int(port_text) if port_text else default_port
-        if not 0 < port < 65536:
-            raise ValueError(f"bad port {port} in {url!r}")
-        hosts.append((host, port))
-    return hosts
-
-
-def check_timeouts(**values: Any) -> None:
-    """ValueError unless each value is a number of seconds > 0."""
-    for what, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{what} must be a number of seconds > 0, got {value!r}")
 
 
 class _ClusterSignals(Signals):
@@ -180,7 +154,7 @@ class RedisClusterBackend(RedisBackend):
         signals = _ClusterSignals(cluster, seeds, request_timeout, node_options)
         super().__init__(
             cluster, prefix=prefix, request_timeout=request_timeout, connect_timeout=connect_timeout,
-            url=url or "redis+cluster://" + ",".join(f"{h}:{p}" for h, p in seeds),
+            url=url or "redis+cluster://" + ",".join(format_hosts(seeds)),
             owns_client=owns_client, signals=signals,
         )
         self._cluster = cluster
@@ -208,7 +182,7 @@ class RedisClusterBackend(RedisBackend):
             raise ValueError(f"redis+cluster:// takes no query options (pass keyword "
                              f"arguments to connect() instead), got {url!r}")
         userinfo, _, hosts = netloc.rpartition("@")
-        seeds = parse_hosts(url, hosts, 6379)
+        seeds = parse_hosts(url, hosts, 6379, "redis+cluster://host:port,host:port (port 1-65535)")
         auth: dict[str, Any] = {}
         if userinfo:
             user, _, password = userinfo.partition(":")
@@ -225,7 +199,7 @@ class RedisClusterBackend(RedisBackend):
         node_options.update(socket_connect_timeout=connect_timeout, socket_timeout=request_timeout)
         # TLS (ssl=True, ssl_ca_certs=...) applies to the pub/sub connection as well
         node_options.update({k: v for k, v in cluster_options.items() if k.startswith("ssl")})
-        safe = "redis+cluster://" + ",".join(f"{h}:{p}" for h, p in seeds)
+        safe = "redis+cluster://" + ",".join(format_hosts(seeds))
         return cls(cluster, prefix=prefix, request_timeout=request_timeout,
                    connect_timeout=connect_timeout, url=safe, owns_client=True,
                    node_options=node_options)

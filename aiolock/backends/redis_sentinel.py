@@ -71,12 +71,12 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
+from .._validate import check_timeouts, format_hosts, parse_hosts
 from ..abc import Busy, Capability, Claim, Granted
 from ..errors import BackendUnavailable, LockError
 from ._redis_pubsub import Signals
 from ._redis_scripts import ACQUIRE, ACQUIRE_SHARED, RENEW, Script
 from .redis import RedisBackend
-from .redis_cluster import check_timeouts, parse_hosts
 
 __all__ = ["RedisSentinelBackend"]
 
@@ -152,7 +152,7 @@ class RedisSentinelBackend(RedisBackend):
             raise ValueError(f"expected redis+sentinel://host:port/service_name (one service name), "
                              f"got {url!r}")
         userinfo, _, hosts = netloc.rpartition("@")
-        sentinels = parse_hosts(url, hosts, 26379)
+        sentinels = parse_hosts(url, hosts, 26379, "redis+sentinel://host:port,host:port/service_name")
         params = dict(parse_qsl(query, keep_blank_values=True))
         unknown = sorted(set(params) - set(_QUERY))
         if unknown:
@@ -185,7 +185,7 @@ class RedisSentinelBackend(RedisBackend):
         )
         options.update(master_options)
         sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
-        safe = "redis+sentinel://" + ",".join(f"{h}:{p}" for h, p in sentinels) + f"/{service}"
+        safe = "redis+sentinel://" + ",".join(format_hosts(sentinels)) + f"/{service}"
         return cls(sentinel, service, prefix=prefix, request_timeout=request_timeout,
                    connect_timeout=connect_timeout, wait_replicas=wait_replicas, url=safe,
                    owns_sentinel=True, **options)

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
+from .._validate import format_hosts, parse_hosts
 from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
 from ..errors import BackendUnavailable, LockError
 from ._redis_scripts import INSPECT, Script
@@ -155,7 +156,11 @@ class RedlockBackend(Backend):
                 raise ValueError(f"{key} in {url!r} must be a number, got {query[key]!r}") from None
 
         userinfo, _, hostlist = parts.netloc.rpartition("@")
-        hosts = _parse_hosts(hostlist, url)
+        accepted = "redlock://host:port,host:port,host:port (at least 3 distinct nodes)"
+        hosts = parse_hosts(url, hostlist, 6379, accepted)
+        if len(hosts) < 3:
+            raise ValueError(f"Redlock needs at least 3 nodes, got {len(hosts)} in {url!r}; "
+                             f"expected {accepted}")
         db = parts.path.strip("/")
         if db and not db.isdigit():
             raise ValueError(f"the database in {url!r} must be a number, got {db!r}")
@@ -165,9 +170,9 @@ class RedlockBackend(Backend):
             prefix=prefix if prefix is not None else query.get("prefix", "aiolock"),
         )
         auth = userinfo + "@" if userinfo else ""
-        nodes = [RedisBackend.from_url(f"redis://{auth}{host}:{port}/{db or 0}", **options)
-                 for host, port in hosts]
-        safe = "redlock://" + ",".join(f"{h}:{p}" for h, p in hosts) + (f"/{db}" if db else "")
+        where = format_hosts(hosts)
+        nodes = [RedisBackend.from_url(f"redis://{auth}{node}/{db or 0}", **options) for node in where]
+        safe = "redlock://" + ",".join(where) + (f"/{db}" if db else "")
         return cls(nodes, drift_factor=number("drift_factor", drift_factor, DEFAULT_DRIFT_FACTOR),
                    url=safe)
 
@@ -447,31 +452,3 @@ def _check_kind(kind: Kind) -> None:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _parse_hosts(hostlist: str, url: str) -> list[tuple[str, int]]:
-    """``h1:port,h2:port,...`` -> [(host, port)]: at least 3, distinct, ports 1..65535."""
-    accepted = "redlock://host:port,host:port,host:port (at least 3 distinct nodes; port 1-65535)"
-    hosts: list[tuple[str, int]] = []
-    for item in hostlist.split(","):
-        item = item.strip()
-        if item.startswith("["):  # IPv6: [::1]:6379
-            inside, bracket, rest = item.partition("]")
-            host, port_text = inside + bracket, rest.removeprefix(":")
-            if not bracket or (rest and not rest.startswith(":")):
-                raise ValueError(f"bad node {item!r} in {url!r}; expected {accepted}")
-        else:
-            host, _, port_text = item.partition(":")
-        if not host or ":" in port_text:
-            raise ValueError(f"bad node {item!r} in {url!r}; expected {accepted}")
-        if not port_text:
-            port_text = "6379"
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise ValueError(f"bad port {port_text!r} in {url!r}; expected {accepted}")
-        node = (host.lower(), int(port_text))
-        if node in hosts:
-            raise ValueError(f"node {host}:{port_text} appears twice in {url!r}; expected {accepted}")
-        hosts.append(node)
-    if len(hosts) < 3:
-        raise ValueError(f"Redlock needs at least 3 nodes, got {len(hosts)} in {url!r}; expected {accepted}")
-    return hosts
