@@ -15,9 +15,10 @@ redlock, redis-cluster, and Sentinel as ``redis-sentinel-wait``, i.e. with
 ``AIOLOCK_FAULTS_BACKENDS=a,b`` runs another set. Sentinel without ``wait_replicas`` is
 left to the on-demand runs: after a failover that lost token increments its tokens
 restart lower (documented), and every access until the counter catches up reads as
-"superseded"; the harness marks that n/a only inside the injected failover's window, so
-a long tail after it (or a failover the sentinel starts on its own on an overloaded
-machine) fails a figure the backend never promised. Safety figures marked ``n/a`` are
+"superseded"; the harness marks those n/a when a failover it injected lies between the
+superseding grant and the access's own grant, but a failover the sentinel starts on its
+own on an overloaded machine is not an injected event and would fail a figure the backend
+never promised. Safety figures marked ``n/a`` are
 not failures: ``value`` counts only the judged ones.
 
 Skips cleanly when a server binary is missing (the harness reports the backend skipped).
