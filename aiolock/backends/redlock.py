@@ -437,8 +437,13 @@ class RedlockBackend(Backend):
         )
 
     async def aclose(self) -> None:
-        for fut in list(self._background):
-            fut.cancel()
+        """Let requests still running on slow nodes (the last releases, mostly) finish,
+        for at most one request timeout, then close every node."""
+        if self._background:
+            grace = max(node._request_timeout for node in self._nodes)
+            _, late = await asyncio.wait(set(self._background), timeout=grace)
+            for fut in late:
+                fut.cancel()
         results = await asyncio.gather(*(node.aclose() for node in self._nodes), return_exceptions=True)
         for node, result in zip(self._nodes, results, strict=True):
             if isinstance(result, Exception):
