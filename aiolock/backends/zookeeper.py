@@ -88,7 +88,7 @@ import functools
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit
@@ -202,6 +202,26 @@ def _watch_targets(nodes: list[_Node], index: int, claim: Claim) -> list[_Node]:
     if claim.kind is Kind.PERMIT:
         return nodes[max(0, index - claim.limit) : index]
     return nodes[index - 1 : index]
+
+
+async def _pipelined(requests: list[Coroutine[Any, Any, Any]]) -> list[Any]:
+    """Await ``requests`` sent at once, the first one without a task of its own (it is
+    written before the others start); their results in order, like ``gather``."""
+    rest = [asyncio.ensure_future(r) for r in requests[1:]]
+    try:
+        first = await requests[0]
+        return [first, *[await t for t in rest]]
+    finally:
+        for task in rest:
+            task.cancel()  # (no-op if done) whatever is left after a failure
+            task.add_done_callback(_retrieved)
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    """Done callback of a request nobody awaits: read its outcome, so asyncio does not
+    log it as never retrieved."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _encode_data(claim: Claim) -> bytes:
@@ -747,10 +767,25 @@ class ZooKeeperBackend(Backend):
             if path is None:
                 claim.state["creating"] = True
                 sid = self._sid
-                sent = time.monotonic()
-                path, czxid = await self._create(parent, prefix, _encode_data(claim))
+                listed = sent = time.monotonic()
+                # The listing goes right behind the create, in the same round trip: the
+                # task starts when this one first waits, which is after the create was
+                # written, and the server answers a session's requests in order, so the
+                # listing sees our node (unless the create waited first: checked below).
+                listing = asyncio.ensure_future(self._children(parent))
+                try:
+                    path, czxid = await self._create(parent, prefix, _encode_data(claim))
+                except BaseException:
+                    listing.cancel()
+                    listing.add_done_callback(_retrieved)
+                    raise
                 claim.state.update(path=path, sid=sid, czxid=czxid, stamped=(sent, claim.ttl_ms))
-                children = None
+                try:
+                    children = await listing
+                except Exception:  # listed again below, where a real failure raises
+                    children = None
+                if children is not None and path.rpartition("/")[2] not in children:
+                    children = None  # the create made the parent first: list again
                 first = True
             assert isinstance(path, str)
             if children is None:
@@ -864,7 +899,7 @@ class ZooKeeperBackend(Backend):
         watched = sorted(targets)
         requests = [*(self._watch_node(p) for p in watched), *(self._get(p, watch=False) for p in read)]
         results: list[Any] = ([await requests[0]] if len(requests) == 1
-                              else await asyncio.gather(*requests))
+                              else await _pipelined(requests))
         now = time.monotonic()
         recheck = min(MAX_RECHECK, claim.ttl_ms / 3000, self.session_timeout / 3)
         wait = recheck
