@@ -173,6 +173,52 @@ async def test_one_watchdog_batch_keeps_leases_on_every_master_alive(
     assert not any(lease.lost for lease in leases)
 
 
+async def test_renewals_go_direct_to_each_master_and_follow_a_moved_slot(
+    locks: aiolock.Locks, redis_cluster: RedisClusterServers
+) -> None:
+    """A batch goes to each master on a connection of the backend's own (one per
+    master); when a slot moves, the old master's MOVED sends that group through
+    redis-py, which follows it, and the next batch goes direct to the new master."""
+    backend = backend_of(locks)
+    spread = names_on_every_master(redis_cluster, backend)
+    claims = [Claim(n, Kind.LOCK, owner=uuid.uuid4().hex, ttl_ms=20_000) for ns in spread.values()
+              for n in ns]
+    for claim in claims:
+        assert isinstance(await backend.try_acquire(claim), Granted)
+    try:
+        assert await backend.renew(claims) == [20_000] * 3
+        assert {port for _, port in backend._direct} == set(redis_cluster.ports)
+        moved = claims[0]
+        slot = backend.slot(moved.name)
+        src = redis_cluster.owner_of(slot)
+        dst = next(p for p in redis_cluster.ports if p != src)
+        await move_slot(redis_cluster, slot, src, dst)
+        assert redis_cluster.owner_of(slot) == dst
+        assert await backend.renew(claims) == [20_000] * 3  # MOVED, then through redis-py
+        assert backend.cluster.nodes_manager.get_node_from_slot(slot).port == dst
+        assert await backend.renew(claims) == [20_000] * 3
+        assert await key_exists_on(dst, backend._base(moved.name))
+    finally:
+        for claim in claims:
+            await backend.release(claim)
+
+
+async def move_slot(cluster: RedisClusterServers, slot: int, src: int, dst: int) -> None:
+    """Move ``slot`` and its keys from master ``src`` to master ``dst`` (as
+    ``redis-cli --cluster reshard`` does)."""
+    async with aioredis.Redis(port=src) as s, aioredis.Redis(port=dst) as d:
+        src_id = (await s.execute_command("CLUSTER", "MYID")).decode()
+        dst_id = (await d.execute_command("CLUSTER", "MYID")).decode()
+        await d.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        await s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        keys = await s.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+        if keys:
+            await s.execute_command("MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", *keys)
+        for port in cluster.ports:
+            async with aioredis.Redis(port=port) as node:
+                await node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+
 # -- release signals -----------------------------------------------------------------------
 
 

@@ -66,11 +66,13 @@ class PipelinedProtocol(asyncio.Protocol):
         if not self._pending:
             raise ValueError(f"{self.peer} sent a reply nobody asked for")
         req = self._pending[0]
-        if isinstance(reply, BaseException):
+        if isinstance(reply, BaseException) and req.expected == 1:
             self._pending.popleft()
             if not req.fut.done():
                 req.fut.set_exception(reply)
             return
+        # in a request of several commands an error reply is one of its replies (its
+        # caller looks at each): the replies after it still belong to this request
         req.replies.append(reply)
         if len(req.replies) == req.expected:
             self._pending.popleft()
@@ -177,6 +179,9 @@ class PipelinedClient(abc.ABC, Generic[P]):
         on_retry: Callable[[], object] | None = None, mark: dict[str, object] | None = None,
     ) -> list[Any]:
         """Send ``data`` (``expected`` commands) and return their replies in order.
+
+        With one command an error reply raises; with several, an error reply is returned
+        in its place (as the protocol's exception) and the caller checks each reply.
 
         A request written on a connection that turns out dead is sent once more on a
         fresh one if ``retry``, calling ``on_retry`` first (the first try may or may not
