@@ -108,8 +108,12 @@ class Watchdog:
                     hold.renewing = True
                     due.append(hold)
                 later.append(hold)
-            for i in range(0, len(due), MAX_BATCH):
-                self._spawn(self._renew(due[i : i + MAX_BATCH]))
+            groups: dict[object, list[_Hold]] = {}
+            for hold in due:
+                groups.setdefault(self._backend.renewal_group(hold.claim), []).append(hold)
+            for batch in groups.values():
+                for i in range(0, len(batch), MAX_BATCH):
+                    self._spawn(self._renew(batch[i : i + MAX_BATCH]))
             for hold in later:  # after the pass: a re-pushed entry is never popped twice
                 if hold in self._holds:
                     self._schedule(hold)

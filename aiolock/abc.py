@@ -6,7 +6,8 @@ backend answers one request at a time:
 
 * :meth:`Backend.try_acquire` -- take the resource for one :class:`Claim`, or say it is
   busy and for how long the current holder's lease still runs;
-* :meth:`Backend.renew` -- extend many held claims in one request (the watchdog batches);
+* :meth:`Backend.renew` -- extend many held claims in one request (the watchdog batches,
+  by :meth:`Backend.renewal_group` where the claims live on several servers);
 * :meth:`Backend.release` -- give a claim back; true only if the server confirmed;
 * :meth:`Backend.abandon` -- forget a claim that may or may not have been granted
   (used when an acquire is cancelled or fails mid-flight); idempotent, never raises
@@ -163,6 +164,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
         """Extend each claim by its ``ttl_ms``; per claim, the ms granted or None if gone."""
+
+    def renewal_group(self, claim: Claim) -> object:
+        """The watchdog renews claims of one group in one batch (default: one group).
+        A backend whose claims live on several servers names the server, so that a
+        slow or unreachable one delays only the renewals of its own leases."""
+        return None
 
     @abc.abstractmethod
     async def release(self, claim: Claim) -> bool:

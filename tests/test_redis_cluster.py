@@ -148,7 +148,7 @@ async def test_renew_batch_is_split_per_slot_and_reassembled_in_order(
             await backend.release(claim)
 
 
-async def test_one_watchdog_batch_keeps_leases_on_every_master_alive(
+async def test_watchdog_batches_per_master_keep_leases_on_every_master_alive(
     locks: aiolock.Locks, redis_cluster: RedisClusterServers
 ) -> None:
     backend = backend_of(locks)
@@ -167,7 +167,9 @@ async def test_one_watchdog_batch_keeps_leases_on_every_master_alive(
     assert not any(lease.lost for lease in leases)
     for name in names:
         assert (await locks.status(name)).held
-    assert any(masters == set(redis_cluster.ports) for masters in batches), batches
+    # one batch per master, every master renewed
+    assert all(len(masters) == 1 for masters in batches), batches
+    assert set().union(*batches) == set(redis_cluster.ports), batches
     for lease in leases:
         await lease.release()
     assert not any(lease.lost for lease in leases)
@@ -217,6 +219,36 @@ async def move_slot(cluster: RedisClusterServers, slot: int, src: int, dst: int)
         for port in cluster.ports:
             async with aioredis.Redis(port=port) as node:
                 await node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+
+async def test_a_paused_master_loses_only_its_own_leases(
+    redis_cluster: RedisClusterServers,
+) -> None:
+    """The watchdog renews each master's leases in batches of their own: while one
+    master does not answer (SIGSTOP, shorter than the cluster's node timeout), its
+    lease is lost at its last confirmed expiry and the leases on the others live on."""
+    async with aiolock.connect(redis_cluster.url, request_timeout=3) as locks:
+        backend = backend_of(locks)
+        spread = names_on_every_master(redis_cluster, backend)
+        leases = {port: await locks.lock(name, ttl=0.9, on_lost="raise").acquire()
+                  for port, (name,) in spread.items()}
+        assert len({backend.renewal_group(lease._hold.claim) for lease in leases.values()}) == 3
+        await asyncio.sleep(0.5)  # a renewal on every master before the pause
+        paused = redis_cluster.ports[0]
+        node = next(n for n in redis_cluster.nodes if n.port == paused)
+        node.pause()
+        try:
+            await asyncio.sleep(2.0)  # over two ttls, under the 5 s node timeout
+            assert leases[paused].lost
+            for port, lease in leases.items():
+                if port != paused:
+                    assert not lease.lost, f"lease on master {port} lost with {paused} paused"
+        finally:
+            node.resume()
+        for port, lease in leases.items():
+            if port != paused:
+                assert (await locks.status(lease.name)).held
+            await lease.release()
 
 
 # -- release signals -----------------------------------------------------------------------

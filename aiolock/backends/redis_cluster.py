@@ -33,10 +33,12 @@ replication is asynchronous, so a master failing over to a replica that missed t
 latest writes can lose a lease (the watchdog then reports it lost at the next renewal)
 or a token increment (a later token can then repeat one already given; see
 :mod:`aiolock.backends.redis_sentinel` for what fencing does and does not catch then).
-A renewal batch is confirmed as a whole: if the master of one slot cannot be reached,
-the whole batch fails and is retried soon, and the leases on that master are lost at
-their last confirmed expiry if it stays unreachable. ``cluster-require-full-coverage
-yes`` (the default) makes the cluster refuse all commands while any slot is down.
+The watchdog renews each master's leases in batches of their own
+(:meth:`RedisClusterBackend.renewal_group`): if one master cannot be reached, its
+batches fail and are retried soon, and its leases are lost at their last confirmed
+expiry if it stays unreachable; the leases on the other masters are renewed as usual
+(``cluster-require-full-coverage yes``, the default, makes the whole cluster refuse
+commands once it marks a slot down, after ``cluster-node-timeout``).
 
 Errors: unreachable seed nodes raise :class:`aiolock.BackendUnavailable` within the
 connect timeout; a failed or timed-out request, a cluster that is down, or a slot with
@@ -269,6 +271,16 @@ class RedisClusterBackend(RedisBackend):
             for i, ms in zip(group, reply, strict=True):
                 out[i] = int(ms) or None
         return out
+
+    def renewal_group(self, claim: Claim) -> object:
+        """The master that serves the claim's slot (as redis-py's slot map has it): the
+        watchdog renews each master's leases in batches of their own, so one slow or
+        unreachable master does not hold up, or fail, the renewals on the others."""
+        try:
+            node = self._cluster.nodes_manager.get_node_from_slot(self.slot(claim.name, claim.kind))
+        except Exception:  # not covered, or the map is not loaded yet
+            return None
+        return node.name
 
     async def _renew_direct(
         self, slots: list[int], requests: list[tuple[list[str], list[Any]]], replies: list[Any]
