@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
 MAX_NAME_LENGTH = 512
 ON_LOST_CHOICES = ("cancel", "raise")
@@ -98,3 +99,11 @@ def parse_hosts(url: str, netloc: str, default_port: int, expected: str) -> list
 def format_hosts(hosts: list[tuple[str, int]]) -> list[str]:
     """``[(host, port), ...]`` -> ``["host:port", "[::1]:port", ...]`` (IPv6 in brackets)."""
     return [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in hosts]
+
+
+def credentials(userinfo: str) -> dict[str, str]:
+    """The ``user:password`` part of a URL (percent-decoded) as redis-py keyword
+    arguments, leaving out what is empty: ``{"username": ..., "password": ...}``."""
+    user, _, password = userinfo.partition(":")
+    given = {"username": unquote(user), "password": unquote(password)}
+    return {k: v for k, v in given.items() if v}

@@ -55,7 +55,6 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any, ClassVar
-from urllib.parse import unquote
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
@@ -65,7 +64,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.crc import key_slot
 
-from .._validate import check_timeouts, format_hosts, parse_hosts
+from .._validate import check_timeouts, credentials, format_hosts, parse_hosts
 from ..abc import Capability, Claim, Kind
 from ..errors import BackendUnavailable, LockError
 from ._redis_pubsub import Signals
@@ -193,19 +192,16 @@ class RedisClusterBackend(RedisBackend):
                              f"arguments to connect() instead), got {url!r}")
         userinfo, _, hosts = netloc.rpartition("@")
         seeds = parse_hosts(url, hosts, 6379, "redis+cluster://host:port,host:port (port 1-65535)")
-        auth: dict[str, Any] = {}
-        if userinfo:
-            user, _, password = userinfo.partition(":")
-            auth = {"username": unquote(user) or None, "password": unquote(password) or None}
+        auth = credentials(userinfo)
         options: dict[str, Any] = dict(
             socket_connect_timeout=connect_timeout, socket_timeout=request_timeout,
             # a few quick retries ride over a redirection storm; the core retries the rest
             retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.25), 3),
-            **{k: v for k, v in auth.items() if v},
+            **auth,
         )
         options.update(cluster_options)
         cluster = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in seeds], **options)
-        node_options = {k: v for k, v in auth.items() if v}
+        node_options: dict[str, Any] = dict(auth)
         node_options.update(socket_connect_timeout=connect_timeout, socket_timeout=request_timeout)
         # TLS (ssl=True, ssl_ca_certs=...) applies to the pub/sub connection as well
         node_options.update({k: v for k, v in cluster_options.items() if k.startswith("ssl")})

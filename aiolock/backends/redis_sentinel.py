@@ -71,7 +71,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
-from .._validate import check_timeouts, format_hosts, parse_hosts
+from .._validate import check_timeouts, credentials, format_hosts, parse_hosts
 from ..abc import Busy, Capability, Claim, Granted
 from ..errors import BackendUnavailable, LockError
 from ._redis_pubsub import Signals
@@ -158,10 +158,7 @@ class RedisSentinelBackend(RedisBackend):
         if unknown:
             raise ValueError(f"unknown option(s) {', '.join(unknown)} in {url!r}; "
                              f"accepted: {', '.join(_QUERY)}")
-        auth: dict[str, Any] = {}
-        if userinfo:
-            user, _, password = userinfo.partition(":")
-            auth = {"username": unquote(user) or None, "password": unquote(password) or None}
+        auth = credentials(userinfo)
         if params.get("password"):
             if auth.get("password"):
                 raise ValueError(f"give the password once (userinfo or ?password=), in {url!r}")
@@ -181,7 +178,7 @@ class RedisSentinelBackend(RedisBackend):
             # one quick retry: a connection found dead is replaced by one to the master
             # the sentinels name now; the core retries anything else
             retry=Retry(NoBackoff(), 1), db=int(db),
-            **{k: v for k, v in auth.items() if v},
+            **auth,
         )
         options.update(master_options)
         sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
