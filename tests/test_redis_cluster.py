@@ -79,6 +79,11 @@ def test_url_forms_and_options() -> None:
     backend = RedisClusterBackend.from_url("redis+cluster://u:secret@a:7000,[::1]:7001,b")
     assert backend.url == "redis+cluster://a:7000,[::1]:7001,b:6379"
     assert "secret" not in backend.url
+    kwargs = backend.cluster.connection_kwargs
+    assert (kwargs["username"], kwargs["password"]) == ("u", "secret")
+    only_password = RedisClusterBackend.from_url("redis+cluster://:p%40ss@a:7000")
+    assert only_password.cluster.connection_kwargs["password"] == "p@ss"
+    assert "username" not in only_password.cluster.connection_kwargs
     for bad in ({"connect_timeout": 0}, {"request_timeout": "1"}, {"prefix": "a{b"}):
         with pytest.raises(ValueError):
             RedisClusterBackend.from_url("redis+cluster://a:7000", **bad)
