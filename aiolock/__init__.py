@@ -12,13 +12,14 @@ from ._lease import Lease
 from ._lock import Lock
 from ._locks import Locks, RWLock, Semaphore
 from .abc import Backend, Capability, Kind, LockInfo
-from .errors import BackendUnavailable, LockError, LockLost, LockTimeout
+from .errors import AccessDenied, BackendUnavailable, LockError, LockLost, LockTimeout
 from .fencing import FencedResource, MemoryFencedResource, RedisFencedResource
 
 __version__ = "0.1.0"
 
 __all__ = [
     "SCHEMES",
+    "AccessDenied",
     "Backend",
     "BackendUnavailable",
     "Capability",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -76,14 +77,45 @@ def connect(target: str | Backend | Any, **options: Any) -> Locks:
         return Locks(target)
     if isinstance(target, str):
         return Locks(backend_from_url(target, **options))
-    if type(target).__module__.startswith("redis."):
-        if type(target).__name__ == "RedisCluster":
-            from .backends.redis_cluster import RedisClusterBackend
+    kind = _redis_client_kind(target)
+    if kind == "cluster":
+        from .backends.redis_cluster import RedisClusterBackend
 
-            return Locks(RedisClusterBackend(target, **options))
+        return Locks(RedisClusterBackend(target, **options))
+    if kind == "redis":
         from .backends.redis import RedisBackend
 
         return Locks(RedisBackend(target, **options))
+    if kind is not None:
+        raise ValueError(
+            f"connect() needs an asyncio client: got {kind} {type(target).__name__}; pass a "
+            "redis.asyncio.Redis or redis.asyncio.RedisCluster (for Sentinel: "
+            "sentinel.master_for(service, redis_class=redis.asyncio.Redis), or the URL "
+            "redis+sentinel://host:port/service), or a URL"
+        )
     raise ValueError(
-        f"connect() takes a URL, an aiolock.abc.Backend or a redis.asyncio client, got {target!r}"
+        "connect() takes a URL (e.g. 'redis://localhost:6379/0'), an aiolock.abc.Backend, or a "
+        f"redis.asyncio.Redis / RedisCluster client, got {target!r}"
     )
+
+
+def _redis_client_kind(target: object) -> str | None:
+    """``"redis"`` / ``"cluster"`` for a ``redis.asyncio`` client (subclasses and
+    fakeredis's async client included), a description of a redis-py object that is not
+    one (a sync client, a Sentinel), or None for anything else. Imports nothing that the
+    caller has not imported already."""
+    if sys.modules.get("redis") is None:
+        return None
+    import redis
+    import redis.asyncio
+
+    if isinstance(target, redis.asyncio.RedisCluster):
+        return "cluster"
+    if isinstance(target, redis.asyncio.Redis):
+        return "redis"
+    sync_types: tuple[type, ...] = (redis.Redis, redis.RedisCluster)
+    if isinstance(target, sync_types):
+        return "a synchronous redis-py client"
+    if isinstance(target, (redis.sentinel.Sentinel, redis.asyncio.sentinel.Sentinel)):
+        return "a Sentinel object (it is not a client)"
+    return None

@@ -8,6 +8,10 @@ from typing import Any
 from urllib.parse import unquote
 
 MAX_NAME_LENGTH = 512
+#: The longest lease any backend accepts, in seconds (about 23 days): within PostgreSQL's
+#: ``idle_session_timeout`` (a 32-bit count of ms) and Memcached's relative expiry
+#: (at most 30 days), and far inside Redis's and ZooKeeper's ranges.
+MAX_TTL = 2_000_000.0
 ON_LOST_CHOICES = ("cancel", "raise")
 
 
@@ -22,6 +26,13 @@ def check_name(name: object) -> str:
         raise ValueError(
             f"lock name must be 1 to {MAX_NAME_LENGTH} characters long, got {len(name)}"
         )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"lock name must be encodable as UTF-8 (no lone surrogates), got {name!r} "
+            f"({exc.reason} at position {exc.start})"
+        ) from None
     return name
 
 
@@ -41,11 +52,14 @@ def check_seconds(what: str, value: object, *, allow_none: bool, allow_zero: boo
 
 
 def check_ttl(ttl: object) -> float:
-    """A lease length: seconds > 0, at least 1 ms."""
+    """A lease length: seconds from 0.001 (1 ms) to :data:`MAX_TTL`."""
     seconds = check_seconds("ttl", ttl, allow_none=False, allow_zero=False)
     assert seconds is not None
-    if seconds < 0.001:
-        raise ValueError(f"ttl must be a number of seconds >= 0.001, got {ttl!r}")
+    if not 0.001 <= seconds <= MAX_TTL:
+        raise ValueError(
+            f"ttl must be a number of seconds from 0.001 to {MAX_TTL:,.0f} (about 23 days), "
+            f"got {ttl!r}"
+        )
     return seconds
 
 

@@ -3,8 +3,12 @@
 ``aiolock run [--url URL] [--ttl S] [--timeout S] NAME -- COMMAND...`` holds the lock
 while COMMAND runs and exits with its status; the child gets ``AIOLOCK_TOKEN``. Exit
 75 (EX_TEMPFAIL) if the lock was not acquired in time, 76 if the lease was lost (the
-child is stopped first), 69 (EX_UNAVAILABLE) if the server cannot be reached, 2 for
-usage errors. ``--url`` defaults to ``$AIOLOCK_URL``.
+child is stopped first), 69 (EX_UNAVAILABLE) if the server cannot be reached, 77
+(EX_NOPERM) if it refused the credentials or a permission, 70 (EX_SOFTWARE) for any other
+aiolock error, 2 for usage errors (a bad URL or option). Errors are one line on stderr,
+never a traceback. Once COMMAND ran, ``run`` exits with COMMAND's status even if the
+release then fails (it says so on stderr): a retry wrapper must not run it twice.
+``--url`` defaults to ``$AIOLOCK_URL``.
 """
 
 from __future__ import annotations
@@ -18,13 +22,18 @@ import sys
 from collections.abc import Sequence
 
 from ._connect import connect
-from .errors import BackendUnavailable, LockTimeout
+from ._lease import Lease
+from .errors import AccessDenied, BackendUnavailable, LockError, LockTimeout
 
-__all__ = ["EXIT_LOST", "EXIT_NOT_ACQUIRED", "EXIT_UNAVAILABLE", "main"]
+__all__ = [
+    "EXIT_DENIED", "EXIT_ERROR", "EXIT_LOST", "EXIT_NOT_ACQUIRED", "EXIT_UNAVAILABLE", "main",
+]
 
 EXIT_NOT_ACQUIRED = 75
 EXIT_LOST = 76
 EXIT_UNAVAILABLE = 69
+EXIT_DENIED = 77
+EXIT_ERROR = 70
 #: Seconds between SIGTERM and SIGKILL when stopping a child whose lease was lost.
 STOP_GRACE = 5.0
 
@@ -75,6 +84,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BackendUnavailable as exc:
         print(f"aiolock: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
+    except AccessDenied as exc:
+        print(f"aiolock: {exc}", file=sys.stderr)
+        return EXIT_DENIED
+    except LockError as exc:
+        print(f"aiolock: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except ImportError as exc:  # a backend's optional dependency is missing
+        print(f"aiolock: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
 
@@ -120,8 +138,21 @@ async def _run(url: str, name: str, ttl: float, timeout: float | None, cmd: list
             code = await waiting
         finally:
             lost.cancel()
-            await lease.release()
+            if waiting.done() and not waiting.cancelled():
+                await _release_after(lease, name)
+            else:
+                await lease.release()
         return code if code >= 0 else 128 - code
+
+
+async def _release_after(lease: Lease, name: str) -> None:
+    """Release once COMMAND has run: a failure is reported, not turned into our exit
+    status (the command's own status stands; the lease expires by its ttl)."""
+    try:
+        await lease.release()
+    except LockError as exc:
+        print(f"aiolock: the command ran, but releasing {name!r} failed ({exc}); "
+              "the lease expires by its ttl", file=sys.stderr)
 
 
 def _signal_group(child: asyncio.subprocess.Process, sig: int) -> None:

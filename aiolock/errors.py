@@ -8,7 +8,13 @@
 ``LockLost``           a held lease was lost: renewal found it gone, or its last
                        confirmed expiry passed.
 ``BackendUnavailable`` the server could not be reached within the connect or
-                       request timeout (also a :class:`ConnectionError`).
+                       request timeout, or answered that it cannot serve now
+                       (loading, read-only replica, busy script, no master); also a
+                       :class:`ConnectionError`. Worth retrying.
+``AccessDenied``       the server refused the credentials or the permissions
+                       (wrong or missing password, an ACL without a needed command,
+                       a ZooKeeper ACL); also a :class:`PermissionError`. Retrying
+                       does not help: fix the URL's credentials or the grants.
 =====================  ===========================================================
 
 Bad arguments raise the built-in :class:`ValueError` with a message that says what is
@@ -21,7 +27,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping
 
-__all__ = ["BackendUnavailable", "LockError", "LockLost", "LockTimeout", "map_exceptions"]
+__all__ = [
+    "AccessDenied", "BackendUnavailable", "LockError", "LockLost", "LockTimeout", "map_exceptions",
+]
 
 
 class LockError(Exception):
@@ -38,6 +46,10 @@ class LockLost(LockError):
 
 class BackendUnavailable(LockError, ConnectionError):
     """The lock server could not be reached in bounded time."""
+
+
+class AccessDenied(LockError, PermissionError):
+    """The server refused our credentials or lacks a permission we need."""
 
 
 @contextlib.contextmanager
