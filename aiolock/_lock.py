@@ -36,7 +36,7 @@ from ._lease import Lease, _Hold
 from ._validate import check_on_lost, check_seconds, check_ttl
 from ._waiter import LocalWaiter
 from .abc import Busy, Claim, Granted, Kind
-from .errors import LockError, LockLost, LockTimeout
+from .errors import BackendUnavailable, LockError, LockLost, LockTimeout
 
 if TYPE_CHECKING:
     from ._locks import Locks, _Local
@@ -111,6 +111,7 @@ class Lock:
         deadline = None if wait is None else time.monotonic() + wait
         local = locks.local(self._key)
         local.users += 1
+        locks.acquiring(claim)
         try:
             if not self.fair and local.idle(self.kind):
                 local.trying += 1
@@ -126,6 +127,7 @@ class Lock:
                 raise self._timeout_error(wait)  # held by another task here: no need to ask
             return await self._wait(claim, deadline, local, task, wait)
         finally:
+            locks.acquired(claim)
             local.users -= 1
             locks.tidy(self._key)
 
@@ -200,6 +202,7 @@ class Lock:
         if self.fair:
             return await self._contend(claim, deadline, local, task, wait)
         # Queue behind the other local waiters of this name; only the head contends.
+        failures = local.failures
         try:
             if deadline is None:
                 await local.turn.acquire()
@@ -209,7 +212,15 @@ class Lock:
         except TimeoutError:
             raise self._timeout_error(wait) from None
         try:
-            return await self._contend(claim, deadline, local, task, wait)
+            if local.failures != failures:  # the server went away while we queued
+                assert local.failure is not None
+                raise BackendUnavailable(str(local.failure)) from local.failure
+            try:
+                return await self._contend(claim, deadline, local, task, wait)
+            except BackendUnavailable as exc:  # tell those queued behind us (see _Local)
+                local.failures += 1
+                local.failure = exc
+                raise
         finally:
             local.turn.release()
 
@@ -218,8 +229,10 @@ class Lock:
         wait: float | None,
     ) -> Lease:
         locks = self._locks
+        locks.check_open()
         backend = locks.backend
         waiter = LocalWaiter(claim)
+        locks.acquiring(claim, waiter)
         if not self.fair:
             local.head = waiter
         queued = False  # a fair claim may sit in the server's queue: abandon it on failure

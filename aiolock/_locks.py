@@ -20,7 +20,7 @@ from ._lock import Lock
 from ._validate import check_limit, check_name
 from ._watchdog import Watchdog
 from .abc import Backend, Capability, Claim, Kind, LockInfo
-from .errors import LockError
+from .errors import BackendUnavailable, LockError
 
 __all__ = ["Locks", "RWLock", "Semaphore"]
 
@@ -32,9 +32,15 @@ CLOSE_TIMEOUT = 5.0
 
 
 class _Local:
-    """Per name, inside this process: who holds it and who waits for it."""
+    """Per name, inside this process: who holds it and who waits for it.
 
-    __slots__ = ("head", "holds", "trying", "turn", "users")
+    ``failures`` counts attempts of this name that found the server unreachable, and
+    ``failure`` is the last such error: a waiter that queued on ``turn`` before a failure
+    fails with it when its turn comes, instead of trying again -- so N waiters behind a
+    dead server fail together within one connect + request timeout, not one after another.
+    """
+
+    __slots__ = ("failure", "failures", "head", "holds", "trying", "turn", "users")
 
     def __init__(self) -> None:
         self.turn = asyncio.Lock()  # FIFO: only the task holding it asks the server
@@ -42,6 +48,8 @@ class _Local:
         self.head: Any = None  # the waiter currently asking the server
         self.trying = 0  # fast-path attempts in flight
         self.users = 0  # acquire() calls using this state right now
+        self.failures = 0
+        self.failure: BackendUnavailable | None = None
 
     @property
     def holders(self) -> int:
@@ -74,6 +82,11 @@ class Locks:
         self._owned: dict[tuple[str, str], dict[asyncio.Task[Any], _Hold]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        #: acquisitions in progress (claim -> its waiter, None before it waits): closing
+        #: abandons each claim on the server (fair-queue and writer places included)
+        #: before the backend closes, then wakes the waiter to fail
+        self._acquiring: dict[Claim, Any] = {}
+        self._abandoned_at_close: set[Claim] = set()
 
     def __repr__(self) -> str:
         return f"<aiolock.Locks {self.backend.url}>"
@@ -180,6 +193,20 @@ class Locks:
         if self._closed:
             return
         self._closed = True
+        acquiring = list(self._acquiring.items())
+        if acquiring:
+            try:
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await asyncio.gather(
+                        *(self.abandon(claim) for claim, _ in acquiring), return_exceptions=True
+                    )
+            except TimeoutError:
+                log.warning("closing: %d waiting claim(s) not confirmed abandoned; they lapse "
+                            "by their ttl", len(acquiring))
+            self._abandoned_at_close.update(claim for claim, _ in acquiring)
+            for _, waiter in acquiring:
+                if waiter is not None:
+                    waiter.wake()
         holds = [h for local in self._locals.values() for h in local.holds]
         if holds:
             releases = [self.backend.release(h.claim) for h in holds]
@@ -236,8 +263,18 @@ class Locks:
             raise asyncio.CancelledError
         return task.result()
 
+    def acquiring(self, claim: Claim, waiter: Any = None) -> None:
+        """``claim`` is being acquired (and waits with ``waiter``, if given)."""
+        self._acquiring[claim] = waiter
+
+    def acquired(self, claim: Claim) -> None:
+        """``claim``'s acquire() ended, granted or not."""
+        self._acquiring.pop(claim, None)
+
     async def abandon(self, claim: Claim) -> None:
         """Best-effort: drop ``claim`` on the server (released, dequeued, barred)."""
+        if claim in self._abandoned_at_close:
+            return  # closing abandoned it already (the backend may be gone now)
         try:
             await self.backend.abandon(claim)
         except Exception as exc:

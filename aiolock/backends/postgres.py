@@ -73,6 +73,13 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
 from ..errors import BackendUnavailable, LockError
 
+try:
+    _ASYNCPG: Any = importlib.import_module("asyncpg")
+except ImportError as _exc:  # reported by aiolock.connect() with the extra to install
+    raise ImportError(
+        "the postgresql:// backend needs asyncpg: pip install 'aiolock[postgres]'", name="asyncpg"
+    ) from _exc
+
 __all__ = ["PostgresBackend", "PostgresRowBackend", "advisory_key"]
 
 log = logging.getLogger("aiolock")
@@ -196,8 +203,8 @@ def advisory_key(family: str, name: str, slot: int | None = None) -> int:
 
 
 def _asyncpg() -> Any:
-    """Import ``asyncpg`` on first use (the module has no type information)."""
-    return importlib.import_module("asyncpg")
+    """``asyncpg``, imported with this module (it has no type information)."""
+    return _ASYNCPG
 
 
 def _is_connection_error(exc: BaseException) -> bool:
