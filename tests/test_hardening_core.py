@@ -158,7 +158,7 @@ def test_connect_refuses_sync_clients_and_sentinels() -> None:
 
     for target in (redis.Redis(), redis.sentinel.Sentinel([("127.0.0.1", 1)]),
                    redis.asyncio.sentinel.Sentinel([("127.0.0.1", 1)])):
-        with pytest.raises(ValueError, match="redis.asyncio"):
+        with pytest.raises(ValueError, match=r"redis\.asyncio"):
             aiolock.connect(target)
     for target in (None, b"redis://x", 42):
         with pytest.raises(ValueError, match="URL"):
