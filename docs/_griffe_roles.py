@@ -51,6 +51,10 @@ RENDERED: dict[str, tuple[str, ...]] = {
         "schemes", "capabilities", "ordered", "url", "connect", "try_acquire", "renew",
         "renewal_group", "release", "abandon", "listen", "unlisten", "inspect", "aclose",
     ),
+    "aiolock.abc.Claim": (),
+    "aiolock.abc.Granted": (),
+    "aiolock.abc.Busy": (),
+    "aiolock.abc.Waiter": ("wake",),
 }
 
 LINKED: frozenset[str] = frozenset(
@@ -68,6 +72,7 @@ PUBLIC_CLASS: dict[str, str] = {
     "aiolock.fencing.RedisFencedResource": "aiolock.RedisFencedResource",
     "aiolock.fencing.MemoryFencedResource": "aiolock.MemoryFencedResource",
     "aiolock.abc.Backend": "aiolock.abc.Backend",
+    "aiolock.abc.Waiter": "aiolock.abc.Waiter",
 }
 
 _ROLE = re.compile(r":(?:py:)?(?:class|meth|func|mod|attr|exc|data|obj|const):`([^`]+)`")
