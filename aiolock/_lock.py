@@ -25,11 +25,11 @@ callable is called, and the block raises :class:`LockLost` on exit.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import time
 import uuid
 import weakref
-import functools
-import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar

@@ -37,9 +37,8 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from collections.abc import AsyncIterator
 from typing import ClassVar, Protocol
 
 from ._holder import Holder
