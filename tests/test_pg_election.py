@@ -215,8 +215,10 @@ async def test_observe_is_woken_by_notify(pg: PostgresServer, name: str) -> None
 async def test_observer_resumes_after_its_listen_connection_drops(
     pg: PostgresServer, name: str
 ) -> None:
-    async with connect(pg.url) as a, connect(pg.url) as watcher, \
-            observing(watcher.election(name, ttl=2)) as observer:
+    """The LISTEN connection is re-opened by itself (an observer never calls listen()
+    again): with ttl=20 (a 10 s poll) changes after the drop still arrive at once."""
+    async with connect(pg.url) as a, connect(pg.url, poll_interval=0.1) as watcher, \
+            observing(watcher.election(name, ttl=20)) as observer:
         await observer.until(lambda s: s is None, 5)
         backend = watcher.backend
         assert isinstance(backend, PostgresBackend)
@@ -227,8 +229,12 @@ async def test_observer_resumes_after_its_listen_connection_drops(
             await conn.fetchval("SELECT pg_terminate_backend($1)", listener.get_server_pid())
         finally:
             await conn.close()
-        async with a.election(name, ttl=2).campaign(data="after"):
-            await observer.until(lambda s: s is not None and s.data == "after", 2)
+        for _ in range(100):  # re-opened in the background
+            await asyncio.sleep(0.05)
+            if backend._listener is not None and backend._listener is not listener:
+                break
+        async with a.election(name, ttl=20).campaign(data="after"):
+            await observer.until(lambda s: s is not None and s.data == "after", 1.5)
 
 
 # -- revocation across connections -----------------------------------------------------------

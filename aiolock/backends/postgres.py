@@ -27,11 +27,39 @@ How it works
   are not starved**. Semaphore waiters cannot queue for "any slot": a release sends
   ``NOTIFY aiolock_sem`` (one ``LISTEN`` connection per backend carries them), and since
   a dead holder sends nothing they also retry every ``poll_interval`` (default 0.5 s).
+* **Holder records** (``Capability.HOLDERS``): the grant statement also writes the
+  claim's record (``Claim.info``), the grant time on the server's clock and the advisory
+  key into its ``aiolock_holders`` row -- no extra round trip. ``inspect()`` lists, in
+  ``held_by``, every row whose session holds the lock (each reader, each permit), with
+  ``since`` from the server's clock. Tables made by an older aiolock get the new columns
+  (:data:`MIGRATE_SQL`) from their owner's first connection; under least privileges that
+  is :class:`aiolock.AccessDenied` at connect, naming the statement to run.
+* **Listing** (``Capability.SCAN``): one plain ``SELECT`` of the holder rows whose session
+  holds the advisory lock (joined with ``pg_locks``), names matched with ``LIKE`` (the
+  prefix's ``%``, ``_`` and ``!`` escaped). It locks no row and blocks no writer.
+* **Revocation** (``Capability.REVOKE``): ``force_release`` deletes the holder rows of the
+  name's family; each holder's next renewal (within ``ttl/3``) finds its row gone, answers
+  ``REVOKED``, and the holder unlocks on its connection as the core abandons the lease.
+  Sessions are **not** terminated (``pg_terminate_backend`` needs the holder's role or
+  ``pg_signal_backend``, and would hide the reason): a revoked holder that is paused keeps
+  the advisory lock until its ``idle_session_timeout`` (``ttl``) ends its session. Tokens
+  live in ``aiolock_tokens``, untouched: they keep increasing.
+* **Elections** (``Capability.ELECTION``): the leadership is an exclusive advisory lock
+  in family ``"elect"``; candidates queue on the server (first come, first served), the
+  term is the token. A grant of the leadership ``NOTIFY``s in its grant statement, as do
+  ``set_info`` (``proclaim``), a release and a revocation, on the channel semaphores use:
+  observers are woken through the backend's one ``LISTEN`` connection (re-opened by
+  itself if it drops), and read the leader with ``inspect()``. A dead leader sends
+  nothing, but its successor's grant does.
 * **Row mode** (``?mode=row``, :class:`PostgresRowBackend`): the ``SELECT ... FOR UPDATE``
   row lock of the design notes. The claim's connection holds a transaction open on one
   row of ``aiolock_rows`` (``FOR UPDATE NOWAIT`` to try, plain ``FOR UPDATE`` to wait);
   server expiry is ``idle_in_transaction_session_timeout``. Mutex only (no rwlock or
-  semaphore), tokens committed on a second connection.
+  semaphore), tokens committed on a second connection. It keeps holder records
+  (``HOLDERS``), but offers no ``SCAN`` (a row lock is not in ``pg_locks``: telling held
+  from free takes a locking probe per name, which would make a waiting ``NOWAIT`` fail),
+  no ``REVOKE`` (its renewals run inside the held transaction), and no ``ELECTION``
+  (mutex only).
 
 Guarantees and limits
 ---------------------
@@ -494,6 +522,7 @@ class PostgresBackend(Backend):
         self._signals: dict[int, set[Waiter]] = {}
         self._listener: Any = None
         self._listener_lock = asyncio.Lock()
+        self._relisten_task: asyncio.Task[None] | None = None
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> PostgresBackend:
@@ -944,13 +973,33 @@ class PostgresBackend(Backend):
             waiter.wake()
 
     def _on_listener_lost(self, conn: Any) -> None:
-        # signals may have been missed: every semaphore waiter asks again (the next
-        # listen() reconnects)
+        # signals may have been missed: every listener looks again, and LISTEN is
+        # re-opened for them (an election's observer never calls listen() again)
         if self._listener is conn:
             self._listener = None
+        self._wake_all()
+        if self._signals and not self._closed and (
+            self._relisten_task is None or self._relisten_task.done()
+        ):
+            self._relisten_task = self._spawn(self._relisten())
+
+    def _wake_all(self) -> None:
         for waiters in list(self._signals.values()):
             for waiter in list(waiters):
                 waiter.wake()
+
+    async def _relisten(self) -> None:
+        """Re-open the LISTEN connection while anyone listens, retrying every
+        ``poll_interval``; then wake everyone (signals sent meanwhile were missed)."""
+        while self._signals and not self._closed:
+            try:
+                await self._ensure_listener()
+            except LockError as exc:
+                log.warning("cannot re-open LISTEN on %s: %s", self._url, exc)
+                await asyncio.sleep(self._poll)
+                continue
+            self._wake_all()
+            return
 
     async def _drop_wait(self, claim: Claim, st: _State) -> None:
         wait, st.wait = st.wait, None
