@@ -1090,8 +1090,6 @@ class PostgresBackend(Backend):
         deleted, so each holder's next renewal (within ``ttl/3``) answers "revoked" and it
         unlocks. Sessions are not terminated: a holder that does not renew (paused) keeps
         the advisory lock until its ``idle_session_timeout`` (``ttl``) ends the session."""
-        if kind is Kind.READ:
-            kind = Kind.WRITE  # the whole read-write family
         signal = _signal_key(kind, name)
         rows = await self._query(_REVOKE, kind.family, name, None if signal is None else str(signal))
         return bool(rows and rows[0]["live"])
