@@ -1,5 +1,5 @@
 """Uncontended acquisitions/s on PostgreSQL: this tree vs another (e.g. main before holder
-records), in the same run, alternating, on a private server (tests/pg_server.py).
+records), in the same run, alternating (and alternating which goes first), on a private server (tests/pg_server.py).
 
     python benchmarks/pg_holder_cost.py --baseline /work/main [--runs 3] [--seconds 3]
 
@@ -75,7 +75,8 @@ def main() -> int:
                  "this": (str(HERE), f"{base}/bench_this")}
         results: dict[str, list[float]] = {k: [] for k in trees}
         for i in range(args.runs):
-            for label, (tree, url) in trees.items():
+            order = list(trees.items())
+            for label, (tree, url) in order if i % 2 == 0 else order[::-1]:  # no order bias
                 rate = one_pass(tree, url, args.seconds)
                 results[label].append(rate)
                 print(f"run {i + 1} {label:8} {rate:8.0f} acquisitions/s", flush=True)

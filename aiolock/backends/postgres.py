@@ -57,8 +57,9 @@ How it works
   server expiry is ``idle_in_transaction_session_timeout``. Mutex only (no rwlock or
   semaphore), tokens committed on a second connection. It keeps holder records
   (``HOLDERS``), but offers no ``SCAN`` (a row lock is not in ``pg_locks``: telling held
-  from free takes a locking probe per name, which would make a waiting ``NOWAIT`` fail),
-  no ``REVOKE`` (its renewals run inside the held transaction), and no ``ELECTION``
+  from free takes a locking probe per name, which would make a concurrent ``NOWAIT``
+  try fail), no ``REVOKE`` (not built: its renewals would have to look for their holder
+  row, and telling live rows from stale ones takes that same probe), and no ``ELECTION``
   (mutex only).
 
 Guarantees and limits
