@@ -43,10 +43,12 @@ write: the watchdog's first renewal restamps the node); a renewal that comes rig
 such a confirmation (the core renews at once when the session timeout cut the lease
 below its ``ttl``) is answered from it without a request.
 
-A claim that got "busy" and is then neither asked again nor listening (the core gave up
-after one try, as with ``timeout=0``) loses its node within half a second, and one that
-stops listening without a grant (a timeout, a cancellation) at once: it cannot block
-the queue.
+A claim keeps a place in the queue only while its waiter listens: a try that is not
+granted while nobody listens for the claim (a one-try ``acquire(timeout=0)``, or the
+first try of an acquire before it starts waiting) deletes its node before it answers
+"busy", and a claim that stops listening without a grant (a timeout, a cancellation)
+gives its place up at once. So nothing a try-lock loop did is left to block the lock, or
+to show in ``status()``, once the try has returned.
 
 Error handling:
 
@@ -115,9 +117,6 @@ log = logging.getLogger("aiolock")
 ABANDONED_KEEP = 120.0
 #: At most this long between re-checks of a waiting claim (a missed watch costs this).
 MAX_RECHECK = 5.0
-#: A claim answered Busy and then neither asked again nor listening for this long (the
-#: core gave up after one try) loses its node.
-UNATTENDED = 0.5
 #: A renewal within ``1 - RENEW_FRESH`` of the granted time after the last confirmation
 #: is answered from that confirmation (no request).
 RENEW_FRESH = 0.9
@@ -715,14 +714,13 @@ class ZooKeeperBackend(Backend):
         return max(1, min(claim.ttl_ms, session_ms))
 
     def _forget_node(self, claim: Claim) -> None:
-        for key in ("path", "sid", "czxid", "creating", "stamped", "releasing", "busy", "asked",
+        for key in ("path", "sid", "czxid", "creating", "stamped", "releasing", "busy",
                     "granted", "waited"):
             claim.state.pop(key, None)
 
     async def try_acquire(self, claim: Claim) -> Granted | Busy:
         if claim.owner in self._abandoned:
             raise LockError(f"claim on {claim.name!r} was abandoned")
-        claim.state.pop("asked", None)  # being asked: not unattended
         busy = self._same_answer(claim)
         if busy is not None:
             return busy
@@ -744,7 +742,6 @@ class ZooKeeperBackend(Backend):
                 or not all(claim.owner in self._watching.get(p, ()) for p in watched)):
             return None
         claim.state["busy"] = busy
-        self._answered_busy(claim)
         return Busy(left)
 
     async def _try_acquire(self, claim: Claim) -> Granted | Busy:
@@ -811,6 +808,12 @@ class ZooKeeperBackend(Backend):
                 claim.state.pop("creating", None)
                 claim.state["granted"] = True
                 return granted
+            if claim.owner not in self._waiters:
+                # nobody will wait on this place (one try, or not listening yet)
+                busy = await self._give_way(claim, parent, path, nodes, holders)
+                if busy is not None:
+                    return busy
+                continue  # a stale holder was reaped: try again, with a new node
             # not holding at `listed`: no contender can see us holding before that moment
             claim.state["waited"] = listed
             busy = await self._wait_on(claim, parent, nodes, index, holders, first)
@@ -886,6 +889,42 @@ class ZooKeeperBackend(Backend):
         found later, never early).
         """
         targets = {f"{parent}/{n.name}" for n in _watch_targets(nodes, index, claim)}
+        holder_paths = self._holder_paths(claim, parent, nodes, holders)
+        read = sorted(holder_paths & targets if first else holder_paths)
+        self._watch(claim, targets)
+        watched = sorted(targets)
+        requests = [*(self._watch_node(p) for p in watched), *(self._get(p, watch=False) for p in read)]
+        results: list[Any] = ([await requests[0]] if len(requests) == 1
+                              else await _pipelined(requests))
+        if not all(results[: len(watched)]):
+            return None  # something we wait for went meanwhile (and set no watch): look again
+        wait = await self._reap_stale(claim, read, results[len(watched):])
+        if wait is None:
+            return None
+        claim.state["busy"] = (self._epoch, time.monotonic() + wait)
+        return Busy(wait)
+
+    async def _give_way(
+        self, claim: Claim, parent: str, path: str, nodes: list[_Node], holders: list[_Node],
+    ) -> Busy | None:
+        """Not granted, and nobody listens for ``claim``: delete its node before answering
+        Busy, so that it blocks nobody (the core asks once and gives up for
+        ``timeout=0``, calling nothing else for a non-fair claim; before waiting it
+        listens first, then asks again, which takes a new place). The holders' data is
+        read in the same round trip, so that a try-lock loop still reaps a holder that
+        stopped renewing. None: one was reaped, look again.
+        """
+        read = sorted(self._holder_paths(claim, parent, nodes, holders))
+        self._unwatch(claim)
+        results = await _pipelined([self._delete(path), *(self._get(p, watch=False) for p in read)])
+        self._forget_node(claim)
+        wait = await self._reap_stale(claim, read, results[1:])
+        return None if wait is None else Busy(wait)
+
+    def _holder_paths(
+        self, claim: Claim, parent: str, nodes: list[_Node], holders: list[_Node]
+    ) -> set[str]:
+        """The holders whose lease clock to read (forgetting the clocks of nodes gone)."""
         present = {f"{parent}/{n.name}" for n in nodes}
         for path in [p for p in self._seen if p.rpartition("/")[0] == parent and p not in present]:
             del self._seen[path]  # released since we last looked
@@ -893,23 +932,21 @@ class ZooKeeperBackend(Backend):
         # only because our own abandoned (not yet deleted) nodes are left out does not
         # know it holds yet, and counts its lease from later than we would.
         real = {n.name for n in _holders(nodes, claim.limit)}
-        holder_paths = {f"{parent}/{n.name}" for n in holders if n.name in real}
-        read = sorted(holder_paths & targets if first else holder_paths)
-        self._watch(claim, targets)
-        watched = sorted(targets)
-        requests = [*(self._watch_node(p) for p in watched), *(self._get(p, watch=False) for p in read)]
-        results: list[Any] = ([await requests[0]] if len(requests) == 1
-                              else await _pipelined(requests))
+        return {f"{parent}/{n.name}" for n in holders if n.name in real}
+
+    async def _reap_stale(
+        self, claim: Claim, paths: Sequence[str], got: Sequence[tuple[bytes, Any] | None]
+    ) -> float | None:
+        """Run the lease clocks of the holders at ``paths`` (their data and stat in
+        ``got``) and delete one unchanged for its whole ttl: None then (look again);
+        else how long to wait before looking again."""
         now = time.monotonic()
-        recheck = min(MAX_RECHECK, claim.ttl_ms / 3000, self.session_timeout / 3)
-        wait = recheck
-        if not all(results[: len(watched)]):
-            return None  # something we wait for went meanwhile (and set no watch): look again
-        for path, got in zip(read, results[len(watched):], strict=True):
-            if got is None:  # released meanwhile: its successor takes over
+        wait = min(MAX_RECHECK, claim.ttl_ms / 3000, self.session_timeout / 3)
+        for path, node in zip(paths, got, strict=True):
+            if node is None:  # released meanwhile: its successor takes over
                 self._seen.pop(path, None)
                 continue
-            data, stat = got
+            data, stat = node
             ttl_ms, _ = _decode_data(data)
             version = int(stat.version)
             seen = self._seen.get(path)
@@ -924,10 +961,7 @@ class ZooKeeperBackend(Backend):
                 self._seen.pop(path, None)
                 return None
             wait = min(wait, stale_at - now + 0.002)
-        wait = max(wait, 0.001)
-        claim.state["busy"] = (self._epoch, now + wait)
-        self._answered_busy(claim)
-        return Busy(wait)
+        return max(wait, 0.001)
 
     async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
         if not claims:
@@ -1064,37 +1098,12 @@ class ZooKeeperBackend(Backend):
         except Exception as exc:  # the janitor of a reconnect (or session end) covers it
             log.debug("giving up a ZooKeeper claim on %r failed: %s", claim.name, exc)
 
-    def _answered_busy(self, claim: Claim) -> None:
-        """After a Busy answer: if the claim is not looked after soon -- asked again or
-        listening (the core gave up after one try, e.g. ``timeout=0``, and abandons only
-        fair claims and writers) -- delete its node, so it cannot block the lock. (A
-        listening claim is looked after: unlisten() gives it up.)"""
-        if claim.owner in self._waiters:
-            return
-        token = object()
-        claim.state["asked"] = token
-        asyncio.get_running_loop().call_later(UNATTENDED, self._check_unattended, claim, token)
-
-    def _check_unattended(self, claim: Claim, token: object) -> None:
-        if (claim.state.get("asked") is token and claim.owner not in self._waiters
-                and isinstance(claim.state.get("path"), str) and not self._closed
-                and claim.owner not in self._abandoned):
-            path = claim.state["path"]
-            self._unwatch(claim)
-            self._forget_node(claim)  # asked again later, it takes a new place
-            self._spawn(self._delete_quietly(path))  # type: ignore[arg-type]
-
-    async def _delete_quietly(self, path: str) -> None:
-        try:
-            async with asyncio.timeout(self._request_timeout):
-                await self._delete(path)
-        except Exception as exc:  # its session's end removes it at the latest
-            log.debug("deleting unattended ZooKeeper node %s failed: %s", path, exc)
-
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
         parent = self._parent(name)
         async with self._bounded("an inspect"):
-            nodes = _family_nodes(await self._children(parent), kind)
+            # nodes of claims given up here whose deletion is still under way are nobody's
+            nodes = [n for n in _family_nodes(await self._children(parent), kind)
+                     if n.owner not in self._abandoned]
             if not nodes:
                 return LockInfo(name, False)
             first = await self._get(f"{parent}/{nodes[0].name}", watch=False)
