@@ -50,7 +50,38 @@ first try of an acquire before it starts waiting) deletes its node before it ans
 gives its place up at once. So nothing a try-lock loop did is left to block the lock, or
 to show in ``status()``, once the try has returned.
 
+Who may touch a lock (ACLs):
+
+* ``zookeeper://user:password@host:port/chroot`` (percent-encoded; or ``username=`` and
+  ``password=``) makes the session authenticate with the ``digest`` scheme on every
+  connection it opens (ZooKeeper keeps auth per connection, so also after each
+  reconnect), and every node aiolock creates -- the chroot and its missing ancestors,
+  the per-name containers, the lock nodes -- gets the ACL ``digest:user:<base64 sha1 of
+  user:password> cdrwa`` + ``world:anyone r`` (``acl="creator"``, the default with
+  credentials). Other clients, unauthenticated or with other credentials (a wrong
+  password is another identity), can read (``status()`` works) but can neither change
+  nor delete a holder's node (deleting needs ``d`` on the container) nor take the lock
+  (that needs ``c`` on the container): they get :class:`aiolock.AccessDenied`.
+* Without credentials, or with ``acl="open"`` (also ``?acl=open``), nodes are created
+  ``world:anyone:cdrwa`` as before: any client of the ensemble may delete them.
+* Nodes that exist keep their ACL: a chroot or container made earlier without
+  credentials stays open (a container is made again, with the ACL, once it was emptied
+  and reaped by the server). Set the chroot's ACL yourself when it exists already.
+* Least privileges: aiolock needs only ``c`` (create) on an existing chroot, for its
+  containers -- e.g. ``setAcl /locks digest:user:<hash>:c`` -- and nothing else there,
+  not even ``r`` (it never lists the chroot; ``status()`` reads the containers, which
+  it makes readable by anyone). If the chroot does not exist, ``c`` on its nearest
+  existing ancestor. Everything below the chroot it creates itself, with its own ACL.
+  With less, the connect or the acquire fails with :class:`aiolock.AccessDenied` at
+  once.
+* A client passed in (``client=``) is used as it is: no credentials with it.
+
 Error handling:
+
+* the server refuses a request for want of permission (``NoAuth``, ``AuthFailed``):
+  :class:`aiolock.AccessDenied`, wherever it happens (connect, acquire, renew, release,
+  status), saying which user (never the password) and what to check. A renewal that is
+  denied keeps failing, so the lease is lost at its last confirmed expiry.
 
 * connection **suspended** (no server reachable, session maybe alive): leases are *at
   risk*; requests fail with :class:`aiolock.BackendUnavailable` after
@@ -85,24 +116,27 @@ through before its last confirmed expiry.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
+import hashlib
 import logging
 import random
 import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
-from ..errors import BackendUnavailable, LockError
+from ..errors import AccessDenied, BackendUnavailable, LockError
 
 try:
     import aiozk
     from aiozk import exc as zkexc
     from aiozk import protocol as zkproto
     from aiozk.connection import Connection as _ZKConnection
+    from aiozk.protocol.acl import ACL as _ZKACL
     from aiozk.states import States
 except ImportError as _exc:  # pragma: no cover - reported by aiolock.connect()
     raise ImportError(
@@ -127,6 +161,77 @@ _FAMILY_PREFIXES = {
     family: tuple(f"{_KIND_PREFIX[k]}-" for k in Kind if k.family == family)
     for family in {k.family for k in Kind}
 }
+#: ``acl=`` choices: ``creator`` (only our digest identity may change or delete the nodes
+#: we create, anyone may read them; the default with credentials) or ``open``
+#: (``world:anyone:cdrwa``; the default without credentials).
+ACL_CHOICES = ("creator", "open")
+_ALL_PERMS = 31  # cdrwa
+_URL_FORM = "zookeeper://[user:password@]host:port,host:port/chroot[?acl=creator|open]"
+
+
+# -- credentials and ACLs ------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class _Digest:
+    """Digest credentials; the password never shows in a repr, a message or a log line."""
+
+    user: str
+    password: str = field(repr=False)
+
+    @property
+    def ident(self) -> str:
+        """This identity in an ACL: ``user:base64(sha1(user:password))``."""
+        raw = hashlib.sha1(f"{self.user}:{self.password}".encode()).digest()
+        return f"{self.user}:{base64.b64encode(raw).decode()}"
+
+    def request(self) -> Any:
+        """The ``addAuth`` packet for a connection."""
+        return _AuthRequest(type=0, scheme="digest", auth=f"{self.user}:{self.password}".encode())
+
+
+class _AuthRequest(zkproto.AuthRequest):  # type: ignore[misc]
+    """``addAuth``, shown without its secret (aiozk logs every packet at debug level)."""
+
+    def __str__(self) -> str:
+        return f"AuthRequest(scheme={self.scheme}, auth=<hidden>)"
+
+    __repr__ = __str__
+
+
+def _credentials(username: object, password: object) -> _Digest | None:
+    """Both or neither; a digest user name cannot contain ':'."""
+    if username is None and password is None:
+        return None
+    if not isinstance(username, str) or not isinstance(password, str) or not username or not password:
+        raise ValueError("ZooKeeper digest auth needs both a user and a password (non-empty strings): "
+                         "zookeeper://user:password@host:port/chroot, or username= and password=")
+    if ":" in username:
+        raise ValueError("a ZooKeeper digest user name cannot contain ':'")
+    return _Digest(username, password)
+
+
+def _node_acl(acl: object, digest: _Digest | None) -> list[Any]:
+    """The ACL of every node we create, from the ``acl=`` choice (see :data:`ACL_CHOICES`)."""
+    if acl is None:
+        acl = "creator" if digest is not None else "open"
+    if acl not in ACL_CHOICES:
+        raise ValueError(f"acl must be one of {', '.join(map(repr, ACL_CHOICES))}, got {acl!r}")
+    if acl == "open":
+        return [zkproto.UNRESTRICTED_ACCESS]
+    if digest is None:
+        raise ValueError("acl='creator' needs credentials: zookeeper://user:password@host:port/chroot")
+    owner = _ZKACL.make("digest", digest.ident, read=True, write=True, create=True, delete=True,
+                        admin=True)
+    return [owner, zkproto.WORLD_READABLE]
+
+
+def _redacted(url: str) -> str:
+    """``url`` fit for a message: user kept, password and query left out."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    netloc = f"{userinfo.partition(':')[0]}@{hosts}" if at else hosts
+    return f"{parts.scheme}://{netloc}{parts.path}"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -250,8 +355,11 @@ class _SessionRepair:
     answer (session id 0) means the session expired.
     """
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, auth: _Digest | None = None) -> None:
         self.session = session
+        self.auth = auth
+        #: the server refused our credentials (AuthFailed) on some connection
+        self.auth_error: BaseException | None = None
         self._closing: set[asyncio.Task[Any]] = set()
 
     def install(self) -> None:
@@ -322,6 +430,25 @@ class _SessionRepair:
         session.session_id = response.session_id
         session.password = response.password
         session.timeout = response.timeout / 1000
+        if self.auth is not None:
+            self._authenticate()
+
+    def _authenticate(self) -> None:
+        """Send ``addAuth`` on the new connection. ZooKeeper keeps auth per connection,
+        not per session, so this is done on every (re)connect; it is written before the
+        session counts as connected, so the server has it before any other request on
+        this connection (it handles auth packets as they arrive)."""
+        assert self.auth is not None
+        reply = self.session.conn.send(self.auth.request())
+        reply.add_done_callback(self._authenticated)
+
+    def _authenticated(self, reply: asyncio.Future[Any]) -> None:
+        if reply.cancelled():
+            return
+        exc = reply.exception()  # (a dropped connection: the next one authenticates again)
+        if isinstance(exc, zkexc.AuthFailed):
+            self.auth_error = exc
+            log.error("ZooKeeper refused the credentials of user %r", self.auth and self.auth.user)
 
 
 class _Delete(zkproto.DeleteRequest):  # type: ignore[misc]
@@ -337,10 +464,15 @@ class _Delete(zkproto.DeleteRequest):  # type: ignore[misc]
 class ZooKeeperBackend(Backend):
     """Locks on a ZooKeeper ensemble, over one ``aiozk`` session.
 
-    Build it from a URL with :func:`aiolock.connect` (``zookeeper://h1:2181,h2:2181/chroot``)
-    or pass an ``aiozk.ZKClient`` you already have (``ZooKeeperBackend(client=...)``; it is
-    started if needed and not closed for you). See the module doc for the recipes, the
-    lease model and what session timeout to set.
+    Build it from a URL with :func:`aiolock.connect` (``zookeeper://h1:2181,h2:2181/chroot``,
+    ``zookeeper://user:password@h1:2181/chroot`` for digest auth) or pass an
+    ``aiozk.ZKClient`` you already have (``ZooKeeperBackend(client=...)``; it is started if
+    needed, used as it is -- no credentials -- and not closed for you). See the module doc
+    for the recipes, the lease model, the ACLs and what session timeout to set.
+
+    ``username``/``password``: digest credentials, sent on every connection. ``acl``:
+    ``"creator"`` (the default with credentials: only that identity may change or delete
+    the nodes aiolock creates, anyone may read them) or ``"open"`` (the default without).
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("zookeeper", "zk")
@@ -352,7 +484,8 @@ class ZooKeeperBackend(Backend):
     def __init__(
         self, hosts: str | None = None, chroot: str = "/aiolock", *, client: Any = None,
         session_timeout: float = 20.0, connect_timeout: float = 5.0,
-        request_timeout: float = 5.0,
+        request_timeout: float = 5.0, username: str | None = None, password: str | None = None,
+        acl: str | None = None,
     ) -> None:
         for what, value in (("session_timeout", session_timeout),
                             ("connect_timeout", connect_timeout),
@@ -360,14 +493,21 @@ class ZooKeeperBackend(Backend):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{what} must be a number of seconds > 0, got {value!r}")
         self._chroot = _check_chroot(chroot)
+        self._digest = _credentials(username, password)
+        self._acl = _node_acl(acl, self._digest)
+        self._repair: _SessionRepair | None = None
         if client is None:
             if not hosts:
                 raise ValueError("give ZooKeeper hosts ('host:port,host:port') or an aiozk client")
             _check_hosts(hosts)
             client = aiozk.ZKClient(hosts, session_timeout=session_timeout)
-            _SessionRepair(client.session).install()
+            self._repair = _SessionRepair(client.session, self._digest)
+            self._repair.install()
             self._owns_client = True
         else:
+            if self._digest is not None:
+                raise ValueError("credentials are for the client aiolock makes from hosts or a URL; "
+                                 "a client passed in is used as it is")
             self._owns_client = False
             hosts = ",".join(f"{h}:{p}" for h, p in client.session.hosts)
         self._client = client
@@ -391,29 +531,57 @@ class ZooKeeperBackend(Backend):
     @classmethod
     def from_url(
         cls, url: str, *, session_timeout: float = 20.0, connect_timeout: float = 5.0,
-        request_timeout: float = 5.0,
+        request_timeout: float = 5.0, username: str | None = None, password: str | None = None,
+        acl: str | None = None, **unknown: Any,
     ) -> ZooKeeperBackend:
-        """``zookeeper://host:port[,host:port...][/chroot]`` or ``zk://...``; the chroot
-        defaults to ``/aiolock``. The port defaults to 2181."""
+        """``zookeeper://[user:password@]host:port[,host:port...][/chroot][?acl=...]`` or
+        ``zk://...``; the chroot defaults to ``/aiolock``, the port to 2181. The user and
+        password (percent-encoded in the URL, or given as ``username=``/``password=``)
+        are digest credentials; ``acl`` (query or keyword) is ``creator`` or ``open``."""
+        if unknown:
+            raise ValueError(
+                f"unknown option(s) {', '.join(sorted(unknown))} for zookeeper://; accepted: "
+                "session_timeout, connect_timeout, request_timeout, username, password, acl"
+            )
+        shown = _redacted(url)
         parts = urlsplit(url)
         if parts.scheme.lower() not in cls.schemes:
-            raise ValueError(f"expected zookeeper://host:port,host:port/chroot, got {url!r}")
-        if parts.query or parts.fragment or "@" in parts.netloc:
-            raise ValueError(
-                f"zookeeper URLs take no user, query or fragment: expected "
-                f"zookeeper://host:port,host:port/chroot, got {url!r}"
-            )
-        if not parts.netloc:
-            raise ValueError(f"expected zookeeper://host:port,host:port/chroot, got {url!r}")
+            raise ValueError(f"expected {_URL_FORM}, got {shown!r}")
+        if parts.fragment:
+            raise ValueError(f"zookeeper URLs take no fragment: expected {_URL_FORM}, got {shown!r}")
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        for key, value in query:
+            if key != "acl" or acl is not None:
+                raise ValueError(f"zookeeper URLs take one query option, acl=creator|open; "
+                                 f"got {key!r} in {shown!r}" + (" (and acl= as a keyword)"
+                                                                if key == "acl" else ""))
+            acl = value
+        userinfo, at, netloc = parts.netloc.rpartition("@")
+        if at:
+            if username is not None or password is not None:
+                raise ValueError(f"credentials given twice: in the URL {shown!r} and as keywords")
+            user, colon, secret = userinfo.partition(":")
+            username, password = unquote(user), (unquote(secret) if colon else None)
+        if not netloc:
+            raise ValueError(f"expected {_URL_FORM}, got {shown!r}")
         hosts = ",".join(h if ":" in h.rpartition("]")[2] else f"{h}:2181"
-                         for h in parts.netloc.split(","))
+                         for h in netloc.split(","))
         chroot = parts.path if parts.path not in ("", "/") else "/aiolock"
         return cls(hosts, chroot, session_timeout=session_timeout,
-                   connect_timeout=connect_timeout, request_timeout=request_timeout)
+                   connect_timeout=connect_timeout, request_timeout=request_timeout,
+                   username=username, password=password, acl=acl)
 
     @property
     def url(self) -> str:
-        return f"zookeeper://{self._hosts}{self._chroot}"
+        """``zookeeper://[user@]hosts/chroot``: never the password."""
+        user = f"{quote(self._digest.user, safe='')}@" if self._digest is not None else ""
+        return f"zookeeper://{user}{self._hosts}{self._chroot}"
+
+    @property
+    def acl(self) -> list[tuple[str, str, int]]:
+        """The ACL every node aiolock creates gets, as ``(scheme, id, perms)`` triples
+        (perms: ZooKeeper's bits, ``cdrwa`` = 31)."""
+        return [(a.id.scheme, a.id.id, a.perms) for a in self._acl]
 
     @property
     def client(self) -> Any:
@@ -442,6 +610,12 @@ class ZooKeeperBackend(Backend):
                 async with asyncio.timeout(self._connect_timeout):
                     await self._client.session.start()
                     await self._ensure_path(self._chroot, container=False)
+                    if self._repair is not None and self._repair.auth_error is not None:
+                        raise self._repair.auth_error
+            except (zkexc.NoAuth, zkexc.AuthFailed) as exc:
+                if self._owns_client:
+                    await self._teardown()
+                raise self._denied(f"creating the chroot {self._chroot}", exc) from exc
             except (TimeoutError, OSError, zkexc.ZKError) as exc:
                 if self._owns_client:
                     await self._teardown()
@@ -548,8 +722,26 @@ class ZooKeeperBackend(Backend):
             raise BackendUnavailable(
                 f"ZooKeeper at {self.url} is unavailable ({type(exc).__name__}: {exc})"
             ) from exc
+        except (zkexc.NoAuth, zkexc.AuthFailed) as exc:
+            raise self._denied(what, exc) from exc
         except zkexc.ZKError as exc:
             raise LockError(f"ZooKeeper at {self.url} refused {what}: {type(exc).__name__} {exc}") from exc
+
+    def _denied(self, what: str, exc: BaseException) -> AccessDenied:
+        """The error for a request the server refused for want of permission."""
+        if isinstance(exc, zkexc.AuthFailed):
+            return AccessDenied(
+                f"ZooKeeper at {self.url} denied {what}: it refused the credentials of user "
+                f"{self._digest.user if self._digest else None!r} (AuthFailed)"
+            )
+        who = (f"user {self._digest.user!r} (with the password given)" if self._digest is not None
+               else "an unauthenticated client")
+        return AccessDenied(
+            f"ZooKeeper at {self.url} denied {what} ({type(exc).__name__}): the ACL of a node "
+            f"under {self._chroot} does not let {who} do it. Nodes made with credentials may be "
+            f"changed only by that user and password; aiolock needs create ('c') on the chroot. "
+            f"Check the URL's credentials and the chroot's ACL"
+        )
 
     async def _send(self, request: Any) -> Any:
         # session.send, not client.send: the client caches the stat of every path forever
@@ -564,18 +756,36 @@ class ZooKeeperBackend(Backend):
         return f"{self._chroot.rstrip('/')}/{escaped}"
 
     async def _ensure_path(self, path: str, *, container: bool) -> None:
-        parts = [p for p in path.split("/") if p]
-        current = ""
-        for i, part in enumerate(parts):
-            current += "/" + part
-            req = zkproto.CreateRequest(path=current, data=b"", acl=[zkproto.UNRESTRICTED_ACCESS])
-            req.set_flags(container=container and i == len(parts) - 1)
+        """Create ``path`` with our ACL, and its missing ancestors (plain nodes); ``path``
+        itself a container if ``container``. Bottom-up, so one request when the parent
+        exists. A node that exists is fine also where we may not create: the server
+        checks the create permission on the parent before it looks for the node, so a
+        NoAuth is followed by an ``exists``."""
+        if path == "/":
+            return
+        req = zkproto.CreateRequest(path=path, data=b"", acl=self._acl)
+        req.set_flags(container=container)
+        try:
+            await self._send(req)
+        except zkexc.NodeExists:
+            pass
+        except zkexc.NoNode:
+            await self._ensure_path(path.rpartition("/")[0] or "/", container=False)
             with contextlib.suppress(zkexc.NodeExists):
                 await self._send(req)
+        except zkexc.NoAuth:
+            if not await self._exists(path):
+                raise
+
+    async def _exists(self, path: str) -> bool:
+        try:
+            await self._send(zkproto.ExistsRequest(path=path, watch=False))
+        except zkexc.NoNode:
+            return False
+        return True
 
     async def _create(self, parent: str, prefix: str, data: bytes) -> tuple[str, int]:
-        req = zkproto.Create2Request(path=f"{parent}/{prefix}", data=data,
-                                     acl=[zkproto.UNRESTRICTED_ACCESS])
+        req = zkproto.Create2Request(path=f"{parent}/{prefix}", data=data, acl=self._acl)
         req.set_flags(ephemeral=True, sequential=True)
         for _ in range(5):
             try:
