@@ -125,3 +125,17 @@ async def test_three_try_lock_loops_one_gets_it_promptly(url: str, kind: str) ->
     finally:
         for conn in conns:
             await conn.aclose()
+
+
+async def test_try_lock_loop_reaps_a_holder_that_stopped_renewing(url: str) -> None:
+    """Tries that only look (no node) while the lock is busy still take a place now and
+    then and read the holder's lease clock: a holder whose session lives on but which no
+    longer renews (here: watchdog off, ttl 1 s) is reaped, and the loop gets the lock."""
+    name = f"t-{uuid.uuid4().hex}"
+    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
+        stale = await a.lock(name, ttl=1, watchdog=False).acquire()
+        started = time.monotonic()
+        got = await _try_loop(b.lock(name, ttl=5), started + 8, release=True)
+        assert got is not None, "the try-lock loop never reaped the stale holder"
+        assert got[0] - started < 1 + 2 + 1.0  # ttl + CONTENDED_HINT + margin
+        assert got[1].token > stale.token

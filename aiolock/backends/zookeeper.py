@@ -48,7 +48,10 @@ granted while nobody listens for the claim (a one-try ``acquire(timeout=0)``, or
 first try of an acquire before it starts waiting) deletes its node before it answers
 "busy", and a claim that stops listening without a grant (a timeout, a cancellation)
 gives its place up at once. So nothing a try-lock loop did is left to block the lock, or
-to show in ``status()``, once the try has returned.
+to show in ``status()``, once the try has returned. Such tries on a name found busy in
+the last ``CONTENDED_HINT`` seconds only list the nodes (no write) and take a place only
+if it looks free; the next one after that takes a place again and reads the holders'
+lease clocks, so a try-lock loop also reaps a holder that stopped renewing.
 
 Who may touch a lock (ACLs):
 
@@ -151,6 +154,10 @@ log = logging.getLogger("aiolock")
 ABANDONED_KEEP = 120.0
 #: At most this long between re-checks of a waiting claim (a missed watch costs this).
 MAX_RECHECK = 5.0
+#: After a try found a name busy, the next tries nobody listens for only look (a listing,
+#: no node) for this long; then one takes a place again (and reads the holders' lease
+#: clocks, so a holder that stopped renewing is still reaped).
+CONTENDED_HINT = 2.0
 #: A renewal within ``1 - RENEW_FRESH`` of the granted time after the last confirmation
 #: is answered from that confirmation (no request).
 RENEW_FRESH = 0.9
@@ -527,6 +534,8 @@ class ZooKeeperBackend(Backend):
         self._warned: set[int] = set()
         #: bumped at every suspension and reconnect: a Busy answer from before is stale
         self._epoch = 0
+        #: lock node path -> until when a try nobody listens for only looks (see _peek)
+        self._contended: dict[str, float] = {}
 
     @classmethod
     def from_url(
@@ -960,6 +969,12 @@ class ZooKeeperBackend(Backend):
         if claim.state.get("sid") not in (None, self._sid):
             self._forget_node(claim)  # made in an expired session: the server deleted it
         claim.state.pop("busy", None)
+        if (claim.owner not in self._waiters and "path" not in claim.state
+                and not claim.state.get("creating")
+                and self._contended.get(parent, 0.0) > time.monotonic()):
+            peeked = await self._peek(claim, parent)
+            if peeked is not None:
+                return peeked
         started = time.monotonic()
         first = False  # the first look after creating our node
         for _ in range(8):
@@ -1018,6 +1033,7 @@ class ZooKeeperBackend(Backend):
                 claim.state.pop("creating", None)
                 claim.state["granted"] = True
                 return granted
+            self._note_contended(parent)
             if claim.owner not in self._waiters:
                 # nobody will wait on this place (one try, or not listening yet)
                 busy = await self._give_way(claim, parent, path, nodes, holders)
@@ -1113,6 +1129,26 @@ class ZooKeeperBackend(Backend):
             return None
         claim.state["busy"] = (self._epoch, time.monotonic() + wait)
         return Busy(wait)
+
+    async def _peek(self, claim: Claim, parent: str) -> Busy | None:
+        """A try nobody listens for, on a name found busy a moment ago: list the nodes
+        and answer Busy without taking a place if a new node would not be granted (no
+        write at all: a try-lock loop, or the first try of an acquire that then listens
+        and asks again, costs the server one read). None: it looks free, take a place."""
+        nodes = [n for n in _family_nodes(await self._children(parent), claim.kind)
+                 if n.owner not in self._abandoned]
+        newcomer = _Node(1 << 62, claim.kind, claim.owner, "")
+        if any(n is newcomer for n in _holders([*nodes, newcomer], claim.limit)):
+            self._contended.pop(parent, None)
+            return None
+        return Busy(min(MAX_RECHECK, claim.ttl_ms / 3000, self.session_timeout / 3))
+
+    def _note_contended(self, parent: str) -> None:
+        now = time.monotonic()
+        if parent not in self._contended and len(self._contended) >= 1024:
+            for key in [k for k, until in self._contended.items() if until <= now]:
+                del self._contended[key]
+        self._contended[parent] = now + CONTENDED_HINT
 
     async def _give_way(
         self, claim: Claim, parent: str, path: str, nodes: list[_Node], holders: list[_Node],
