@@ -312,3 +312,29 @@ async def test_without_create_on_the_chroot_access_is_denied_not_a_hang(
         async with aiolock.connect(_url(zk_server, chroot + "-ro/locks", "alice")):
             pass
     assert time.monotonic() - started < 3.0
+
+
+async def test_cli_with_a_wrong_password_exits_denied_in_one_line(
+    zk_server: ZooKeeperServer, chroot: str
+) -> None:
+    """``aiolock run`` with a wrong password on a lock held by its owner: one line on
+    stderr, exit 77 (EX_NOPERM), the password nowhere; ``status`` works for anyone."""
+    import subprocess
+    import sys
+
+    async with aiolock.connect(_url(zk_server, chroot, "alice")) as alice, alice.lock("job"):
+        wrong = _url(zk_server, chroot, "alice", "Wr0ng-" + PASSWORD)
+        run = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "aiolock", "run", "--url", wrong,
+                             "--timeout", "0", "job", "--", "true"],
+            capture_output=True, text=True, timeout=30,
+        )
+        assert run.returncode == 77, run.stderr
+        assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+        assert "denied" in run.stderr and "Wr0ng" not in run.stderr + run.stdout
+        status = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "aiolock", "status", "--url", wrong, "job"],
+            capture_output=True, text=True, timeout=30,
+        )
+        assert status.returncode == 0, status.stderr
+        assert "Wr0ng" not in status.stderr + status.stdout

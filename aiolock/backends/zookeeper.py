@@ -233,6 +233,20 @@ def _node_acl(acl: object, digest: _Digest | None) -> list[Any]:
     return [owner, zkproto.WORLD_READABLE]
 
 
+class _QuietDenials(logging.Filter):
+    """Drop aiozk's "Send exception" log record for a request refused for want of
+    permission: aiozk logs it at ERROR level with a traceback before raising it, but it
+    reaches the caller as :class:`aiolock.AccessDenied` anyway (on the CLI, the traceback
+    would come before its one-line message)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, (zkexc.NoAuth, zkexc.AuthFailed))
+
+
+logging.getLogger("aiozk.session").addFilter(_QuietDenials())
+
+
 def _redacted(url: str) -> str:
     """``url`` fit for a message: user kept, password and query left out."""
     parts = urlsplit(url)
