@@ -14,6 +14,8 @@ import asyncio
 import base64
 import hashlib
 import logging
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -319,9 +321,6 @@ async def test_cli_with_a_wrong_password_exits_denied_in_one_line(
 ) -> None:
     """``aiolock run`` with a wrong password on a lock held by its owner: one line on
     stderr, exit 77 (EX_NOPERM), the password nowhere; ``status`` works for anyone."""
-    import subprocess
-    import sys
-
     async with aiolock.connect(_url(zk_server, chroot, "alice")) as alice, alice.lock("job"):
         wrong = _url(zk_server, chroot, "alice", "Wr0ng-" + PASSWORD)
         run = await asyncio.to_thread(

@@ -139,3 +139,26 @@ async def test_try_lock_loop_reaps_a_holder_that_stopped_renewing(url: str) -> N
         assert got is not None, "the try-lock loop never reaped the stale holder"
         assert got[0] - started < 1 + 2 + 1.0  # ttl + CONTENDED_HINT + margin
         assert got[1].token > stale.token
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair", "semaphore"])
+async def test_timed_out_waiter_is_no_waiter(url: str, kind: str) -> None:
+    """An acquire that timed out while waiting is counted by no status(), right away on
+    its own connection, and within a moment on any other."""
+    make_holder, make_trier, status_kind = KINDS[kind]
+    name = f"t-{uuid.uuid4().hex}"
+    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
+        holder = await make_holder(a, name).acquire()
+        for _ in range(3):
+            with pytest.raises(aiolock.LockTimeout):
+                await make_trier(b, name).acquire(timeout=0.3)
+            info = await b.status(name, status_kind)
+            assert info.holders == 1 and info.waiters == 0, info
+            for _ in range(20):
+                info = await a.status(name, status_kind)
+                if info.waiters == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert info.holders == 1 and info.waiters == 0, info
+        await holder.release()
+        assert not (await b.status(name, status_kind)).held

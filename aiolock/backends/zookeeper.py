@@ -1,4 +1,5 @@
-"""``zookeeper://host:port,host:port/chroot`` (also ``zk://``): ZooKeeper via ``aiozk``.
+"""``zookeeper://[user:password@]host:port,host:port/chroot`` (also ``zk://``): ZooKeeper
+via ``aiozk``.
 
 Only ``aiozk.ZKClient``'s session is used; the recipes are our own (``aiozk``'s
 ``recipes.Lock`` leaks znodes on cancellation, misses deletes after a reconnect and
