@@ -558,17 +558,12 @@ class ZooKeeperBackend(Backend):
     def from_url(
         cls, url: str, *, session_timeout: float = 20.0, connect_timeout: float = 5.0,
         request_timeout: float = 5.0, username: str | None = None, password: str | None = None,
-        acl: str | None = None, **unknown: Any,
+        acl: str | None = None,
     ) -> ZooKeeperBackend:
         """``zookeeper://[user:password@]host:port[,host:port...][/chroot][?acl=...]`` or
         ``zk://...``; the chroot defaults to ``/aiolock``, the port to 2181. The user and
         password (percent-encoded in the URL, or given as ``username=``/``password=``)
         are digest credentials; ``acl`` (query or keyword) is ``creator`` or ``open``."""
-        if unknown:
-            raise ValueError(
-                f"unknown option(s) {', '.join(sorted(unknown))} for zookeeper://; accepted: "
-                "session_timeout, connect_timeout, request_timeout, username, password, acl"
-            )
         shown = _redacted(url)
         parts = urlsplit(url)
         if parts.scheme.lower() not in cls.schemes:
