@@ -26,6 +26,7 @@ import pytest
 
 import aiolock
 
+from .servers import free_port
 from .zk_server import ZooKeeperServer, zookeeper_classpath
 
 pytest.importorskip("aiozk")
@@ -236,6 +237,24 @@ async def test_holder_works_end_to_end_through_a_reconnect(
         await again.release()
         async with a.lock("n2", ttl=1.5) as other:  # a new container and node, after it all
             assert other.token > again.token
+    # a new session (the old one expired) authenticates too
+    async with aiolock.connect(url, session_timeout=2) as c:
+        cb = c.backend
+        assert isinstance(cb, ZooKeeperBackend)
+        session = cb.client.session
+        sid, hosts = session.session_id, list(session.hosts)
+        session.hosts = [("127.0.0.1", free_port())]  # nowhere to go back to, for a while
+        session.conn.writer.transport.abort()
+        await asyncio.sleep(3.0)  # past the session timeout: the server expires it
+        session.hosts = hosts
+        for _ in range(100):
+            if cb._sid not in (None, sid) and cb._healthy():
+                break
+            await asyncio.sleep(0.1)
+        assert cb._sid not in (None, sid)
+        async with c.lock("n", ttl=1.5) as fresh:
+            await asyncio.sleep(0.7)  # a renewal (setData) in the new session
+            assert fresh.token > other.token and not fresh.lost
 
 
 # -- denied requests are AccessDenied everywhere ------------------------------------------
