@@ -1,5 +1,6 @@
 """Uncontended acquisitions/s on PostgreSQL: this tree vs another (e.g. main before holder
-records), in the same run, alternating (and alternating which goes first), on a private server (tests/pg_server.py).
+records), in the same run, alternating (and which goes first), on a private server
+(tests/pg_server.py).
 
     python benchmarks/pg_holder_cost.py --baseline /work/main [--runs 3] [--seconds 3]
 
