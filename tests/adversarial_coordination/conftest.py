@@ -1,0 +1,51 @@
+"""Fixtures for the adversarial coordination tests: the backends that declare the
+coordination capabilities today (memory, PostgreSQL advisory, PostgreSQL row mode), each
+on the real servers that ``tests/conftest.py`` starts. Backends without a capability skip
+(or must refuse with ``ValueError``)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+import aiolock
+
+from ..pg_server import PostgresServer
+
+COORD_BACKENDS = ["memory", "postgres", "postgres-row"]
+
+
+@pytest.fixture
+def pg_url(postgres_server: PostgresServer) -> str:
+    return postgres_server.url
+
+
+@pytest.fixture(params=COORD_BACKENDS)
+def coord_url(request: pytest.FixtureRequest) -> str:
+    if request.param == "memory":
+        return f"memory://adv-{uuid.uuid4().hex[:8]}"
+    pg: PostgresServer = request.getfixturevalue("postgres_server")
+    return pg.url + ("?mode=row" if request.param == "postgres-row" else "")
+
+
+@pytest.fixture
+async def coord(coord_url: str) -> AsyncIterator[aiolock.Locks]:
+    async with aiolock.connect(coord_url) as conn:
+        yield conn
+
+
+@pytest.fixture(params=["memory", "postgres"])
+def elect_url(request: pytest.FixtureRequest) -> str:
+    """Backends that declare ELECTION (checked in the tests)."""
+    if request.param == "memory":
+        return f"memory://adv-{uuid.uuid4().hex[:8]}"
+    pg: PostgresServer = request.getfixturevalue("postgres_server")
+    return pg.url
+
+
+@pytest.fixture
+async def elocks(elect_url: str) -> AsyncIterator[aiolock.Locks]:
+    async with aiolock.connect(elect_url) as conn:
+        yield conn
