@@ -9,7 +9,8 @@ subscription for :data:`IDLE_UNSUBSCRIBE` seconds after the last waiter left, so
 handed from task to task does not resubscribe each time.
 
 A waiter only starts waiting once its subscription is confirmed, so a release after that
-is never missed while the connection is up. When the connection drops, every waiter is
+is never missed while the connection is up; a subscription that cannot be made fails its
+waiters (``BackendUnavailable``, ``AccessDenied``...). When the connection drops, every waiter is
 woken (to retry at once), the connection is re-established with backoff, and every
 waiter is woken again once its channel is confirmed anew; in between, waiters still
 retry at least once per holder's remaining lease.
@@ -25,6 +26,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from ..abc import Waiter
+from ._redis_errors import redis_error
 
 __all__ = ["IDLE_UNSUBSCRIBE", "Signals"]
 
@@ -76,11 +78,11 @@ class Signals:
                 if self._pubsub is None:
                     self._pubsub = self._new_pubsub()
                 await self._pubsub.subscribe(channel)
-        except Exception as exc:  # waiters still retry by their timers
-            log.warning("could not subscribe to %s: %s", channel, exc)
+        except Exception as exc:  # the waiters fail with it (the next listen tries again)
             fut = self._confirmed.pop(channel, None)
             if fut is not None and not fut.done():
-                fut.set_result(None)
+                fut.set_exception(redis_error(exc, "the pub/sub connection", f"SUBSCRIBE {channel}"))
+                fut.add_done_callback(_retrieved)  # if every waiter already left
             return
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
@@ -218,6 +220,11 @@ class Signals:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
         self._wake_all()
+
+
+def _retrieved(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _text(value: Any) -> str:
