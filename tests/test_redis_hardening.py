@@ -16,7 +16,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -25,7 +24,7 @@ import redis.asyncio as aioredis
 import aiolock
 from aiolock import AccessDenied, BackendUnavailable, LockError
 
-from .servers import RedisServer, TlsRedisServer, free_port
+from .servers import RedisServer, TlsRedisServer
 
 # -- servers ------------------------------------------------------------------------------
 
@@ -161,8 +160,8 @@ async def test_credential_provider_runs_scripts_through_redis_py(acl_server: Red
 
 
 async def test_socket_timeout_aliases(redis_server: RedisServer) -> None:
-    async with aiolock.connect(redis_server.url + "?socket_timeout=2&socket_connect_timeout=2") as l:
-        await _contend(l)
+    async with aiolock.connect(redis_server.url + "?socket_timeout=2&socket_connect_timeout=2") as locks:
+        await _contend(locks)
     with pytest.raises(ValueError, match="request_timeout"):
         aiolock.connect(redis_server.url, socket_timeout=2, request_timeout=3)
 
@@ -192,7 +191,7 @@ async def test_misspelled_query_option_refused(url: str) -> None:
 
 
 async def test_tls_option_on_plain_redis_refused() -> None:
-    with pytest.raises(ValueError, match="ssl_ca_certs.*rediss://"):
+    with pytest.raises(ValueError, match=r"ssl_ca_certs.*rediss://"):
         aiolock.connect("redis://127.0.0.1:1/0", ssl_ca_certs="/x.pem")
 
 
@@ -203,7 +202,7 @@ async def test_subscription_refused_surfaces(acl_server: RedisServer) -> None:
         name = _name()
         async with locks.lock(name, ttl=30):
             t0 = time.monotonic()
-            with pytest.raises(AccessDenied, match="(?i)subscribe"):
+            with pytest.raises(AccessDenied, match=r"(?i)subscribe"):
                 await asyncio.ensure_future(locks.lock(name, ttl=30).acquire(timeout=10))
             assert time.monotonic() - t0 < 3
 
@@ -240,7 +239,7 @@ async def test_refused_credentials_are_access_denied(
 
 async def test_missing_command_is_access_denied(acl_server: RedisServer) -> None:
     url = _url(acl_server, "noevalsha:s3cret-pw@")
-    with pytest.raises(AccessDenied, match="(?i)evalsha") as info:
+    with pytest.raises(AccessDenied, match=r"(?i)evalsha") as info:
         async with aiolock.connect(url, connect_timeout=2) as locks:
             await locks.lock(_name()).acquire(timeout=0)
     assert "s3cret-pw" not in str(info.value)
@@ -435,5 +434,3 @@ async def test_least_privilege_one_less_is_access_denied(acl_server: RedisServer
 def test_every_error_is_a_lock_error() -> None:
     assert issubclass(AccessDenied, LockError) and issubclass(BackendUnavailable, LockError)
 
-
-_ = (Any, free_port)

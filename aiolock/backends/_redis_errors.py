@@ -65,7 +65,7 @@ def _code(exc: BaseException) -> str | None:
         return word
     if "user executing the script can't" in text or "no permissions to" in text:
         return "NOPERM"  # a script's command denied by the ACL (Redis 7: an ERR reply)
-    if "Authentication required" in text:
+    if "Authentication required" in text or "Protocol error: unauthenticated" in text:
         return "NOAUTH"
     if "without any password configured" in text or "invalid username-password" in text:
         return "NOPASS" if "without any password" in text else "WRONGPASS"

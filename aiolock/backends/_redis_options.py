@@ -37,7 +37,7 @@ from redis.asyncio.connection import (
 from .._validate import check_timeouts
 from ._resp import RespClient
 
-__all__ = ["OWN", "RedisOptions", "accepted_options", "resolve"]
+__all__ = ["OWN", "RedisOptions", "accepted_options", "check_names", "query_options", "resolve"]
 
 #: aiolock's own options (keyword or URL query).
 OWN = ("connect_timeout", "request_timeout", "prefix")
@@ -72,6 +72,29 @@ def accepted_options(connection_class: type = Connection) -> list[str]:
     names = set(_parameters(connection_class)) | set(_POOL) | {"connection_class"}
     names -= {"host", "port", "path"} if connection_class in _LEAN_CLASSES else set()
     return [*OWN, *sorted(names)]
+
+
+def connection_options() -> set[str]:
+    """Option names of one connection, plain or TLS (for Cluster and Sentinel nodes)."""
+    return (set(_parameters(SSLConnection)) | {"ssl"}) - {"host", "port", "path"}
+
+
+def check_names(given: Any, accepted: Any, where: str) -> None:
+    """ValueError naming every option in ``given`` that is not ``accepted``."""
+    unknown = sorted(set(given) - set(accepted))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(unknown)} for {where}; accepted: "
+                         + ", ".join(sorted(accepted)))
+
+
+def query_options(query: str, where: str) -> dict[str, Any]:
+    """A URL query parsed as redis-py parses one (typed where redis-py types it)."""
+    try:
+        parsed = dict(parse_url("redis://x/?" + query)) if query else {}
+        parsed.pop("host", None)
+        return parsed
+    except ValueError as exc:
+        raise ValueError(f"bad option in {where}: {exc}") from None
 
 
 @dataclass

@@ -26,6 +26,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from ..abc import Waiter
+from ..errors import AccessDenied
 from ._redis_errors import redis_error
 
 __all__ = ["IDLE_UNSUBSCRIBE", "Signals"]
@@ -121,6 +122,15 @@ class Signals:
             self._rewake.add(channel)
         self._wake_all()
 
+    def _refused(self, error: AccessDenied) -> None:
+        """The server refused a SUBSCRIBE (redis-py reads the reply in get_message): the
+        waiters of every channel not yet confirmed fail with it."""
+        for channel, fut in list(self._confirmed.items()):
+            if not fut.done():
+                del self._confirmed[channel]
+                fut.set_exception(error)
+                fut.add_done_callback(_retrieved)
+
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
@@ -160,6 +170,10 @@ class Signals:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                refused = redis_error(exc, "the pub/sub connection", "SUBSCRIBE")
+                if isinstance(refused, AccessDenied):  # NOPERM: a refusal, not a loss
+                    self._refused(refused)
+                    continue
                 log.warning("pub/sub connection lost (%s); reconnecting", exc)
                 self._connection_lost()
                 await asyncio.sleep(backoff)

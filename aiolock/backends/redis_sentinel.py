@@ -74,6 +74,7 @@ from redis.backoff import NoBackoff
 from .._validate import check_timeouts, credentials, format_hosts, parse_hosts
 from ..abc import Busy, Capability, Claim, Granted
 from ..errors import BackendUnavailable, LockError
+from ._redis_options import check_names, connection_options, query_options
 from ._redis_pubsub import Signals
 from ._redis_scripts import ACQUIRE, ACQUIRE_SHARED, RENEW, Script
 from .redis import RedisBackend
@@ -137,10 +138,14 @@ class RedisSentinelBackend(RedisBackend):
 
     @classmethod
     def from_url(
-        cls, url: str, *, connect_timeout: float = 5.0, request_timeout: float = 5.0,
-        prefix: str = "aiolock", wait_replicas: int = 0, **master_options: Any,
+        cls, url: str, *, connect_timeout: float | None = None,
+        request_timeout: float | None = None, prefix: str | None = None,
+        wait_replicas: int = 0, **master_options: Any,
     ) -> RedisSentinelBackend:
         """See the module doc for the URL and options."""
+        connect_timeout = 5.0 if connect_timeout is None else connect_timeout
+        request_timeout = 5.0 if request_timeout is None else request_timeout
+        prefix = "aiolock" if prefix is None else prefix
         check_timeouts(connect_timeout=connect_timeout, request_timeout=request_timeout)
         scheme, sep, rest = url.partition("://")
         if scheme.lower() != "redis+sentinel" or not sep:
@@ -153,11 +158,17 @@ class RedisSentinelBackend(RedisBackend):
                              f"got {url!r}")
         userinfo, _, hosts = netloc.rpartition("@")
         sentinels = parse_hosts(url, hosts, 26379, "redis+sentinel://host:port,host:port/service_name")
-        params = dict(parse_qsl(query, keep_blank_values=True))
-        unknown = sorted(set(params) - set(_QUERY))
-        if unknown:
-            raise ValueError(f"unknown option(s) {', '.join(unknown)} in {url!r}; "
-                             f"accepted: {', '.join(_QUERY)}")
+        safe = "redis+sentinel://" + ",".join(format_hosts(sentinels)) + f"/{service}"
+        # the query: ours (_QUERY) and any option of the master's connections (typed as
+        # redis-py types them); keywords: the same, keywords win
+        params = {k: v for k, v in parse_qsl(query, keep_blank_values=True) if k in _QUERY}
+        given = {**query_options("&".join(p for p in query.split("&")
+                                          if p.partition("=")[0] not in _QUERY), safe),
+                 **master_options}
+        check_names({**params, **given}, {"connect_timeout", "request_timeout", "prefix",
+                                          "wait_replicas", *_QUERY, *connection_options()},
+                    safe)
+        master_options = given
         auth = credentials(userinfo)
         if params.get("password"):
             if auth.get("password"):
@@ -182,7 +193,6 @@ class RedisSentinelBackend(RedisBackend):
         )
         options.update(master_options)
         sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
-        safe = "redis+sentinel://" + ",".join(format_hosts(sentinels)) + f"/{service}"
         return cls(sentinel, service, prefix=prefix, request_timeout=request_timeout,
                    connect_timeout=connect_timeout, wait_replicas=wait_replicas, url=safe,
                    owns_sentinel=True, **options)

@@ -56,7 +56,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from .._validate import format_hosts, parse_hosts
 from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
@@ -124,7 +124,7 @@ class RedlockBackend(Backend):
     @classmethod
     def from_url(
         cls, url: str, *, drift_factor: float | None = None, connect_timeout: float | None = None,
-        request_timeout: float | None = None, prefix: str | None = None,
+        request_timeout: float | None = None, prefix: str | None = None, **node_options: Any,
     ) -> RedlockBackend:
         """``redlock://[user:password@]host:port,host:port,host:port[/db]``.
 
@@ -132,18 +132,22 @@ class RedlockBackend(Backend):
         ``[::1]:6379``); user, password and db apply to every node. Options, as keywords
         or in the query string (keywords win): ``drift_factor`` (default 0.01),
         ``connect_timeout`` and ``request_timeout`` (s, default 5), ``prefix`` (key
-        prefix, default ``"aiolock"``).
+        prefix, default ``"aiolock"``). Every other option is one of ``redis://``
+        (TLS files, client name, credential provider...: see
+        :class:`~aiolock.backends.redis.RedisBackend`) and applies to every node; ``ssl=true``
+        makes every node ``rediss://``.
         """
         parts = urlsplit(url)
         if parts.scheme != "redlock":
             raise ValueError(f"expected redlock://host:port,host:port,host:port, got {url!r}")
-        query: dict[str, str] = dict(parse_qsl(parts.query, keep_blank_values=True))
-        unknown = set(query) - {"drift_factor", "connect_timeout", "request_timeout", "prefix"}
-        if unknown:
-            raise ValueError(
-                f"unknown option(s) {sorted(unknown)} in {url!r}; accepted: drift_factor, "
-                "connect_timeout, request_timeout, prefix"
-            )
+        own = ("drift_factor", "connect_timeout", "request_timeout", "prefix")
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        query: dict[str, str] = {k: v for k, v in pairs if k in own}
+        # any other query option is a node's (RedisBackend checks it, and names it if bad)
+        node_query = urlencode([(k, v) for k, v in pairs if k not in own and k != "ssl"])
+        tls = node_options.pop("ssl", None)
+        if tls is None:
+            tls = dict(pairs).get("ssl", "false").lower() in ("1", "true", "yes", "on")
 
         def number(key: str, given: float | None, default: float) -> float:
             if given is not None:
@@ -171,7 +175,10 @@ class RedlockBackend(Backend):
         )
         auth = userinfo + "@" if userinfo else ""
         where = format_hosts(hosts)
-        nodes = [RedisBackend.from_url(f"redis://{auth}{node}/{db or 0}", **options) for node in where]
+        scheme = "rediss" if tls else "redis"
+        tail = f"?{node_query}" if node_query else ""
+        nodes = [RedisBackend.from_url(f"{scheme}://{auth}{node}/{db or 0}{tail}",
+                                       **options, **node_options) for node in where]
         safe = "redlock://" + ",".join(where) + (f"/{db}" if db else "")
         return cls(nodes, drift_factor=number("drift_factor", drift_factor, DEFAULT_DRIFT_FACTOR),
                    url=safe)
