@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -434,3 +435,35 @@ async def test_least_privilege_one_less_is_access_denied(acl_server: RedisServer
 def test_every_error_is_a_lock_error() -> None:
     assert issubclass(AccessDenied, LockError) and issubclass(BackendUnavailable, LockError)
 
+
+
+# -- 1. the same for Cluster, Sentinel and Redlock ---------------------------------------
+
+
+async def _named_connections(ports: list[int], tag: str) -> int:
+    count = 0
+    for port in ports:
+        admin = aioredis.Redis(port=port)
+        try:
+            count += sum(1 for c in await admin.client_list() if c.get("name") == tag)
+        finally:
+            await admin.aclose()
+    return count
+
+
+async def test_redlock_options_reach_every_node(redlock_servers: list[RedisServer]) -> None:
+    tag = f"app-{uuid.uuid4().hex[:6]}"
+    url = "redlock://" + ",".join(f"127.0.0.1:{s.port}" for s in redlock_servers)
+    async with aiolock.connect(url + f"?client_name={tag}") as locks:
+        await _contend(locks)
+        ports = [s.port for s in redlock_servers]
+        assert await _named_connections(ports, tag) >= 2 * len(ports)  # scripts + pub/sub
+
+
+async def test_cluster_options_reach_pubsub(redis_cluster: Any) -> None:
+    tag = f"app-{uuid.uuid4().hex[:6]}"
+    async with aiolock.connect(redis_cluster.url + f"?client_name={tag}") as locks:
+        await _contend(locks)
+        node = locks.backend.signals.node
+        port = node.rpartition(":")[2]
+        assert await _named_connections([int(port)], tag) >= 1  # the pub/sub connection

@@ -82,7 +82,7 @@ class Signals:
         except Exception as exc:  # the waiters fail with it (the next listen tries again)
             fut = self._confirmed.pop(channel, None)
             if fut is not None and not fut.done():
-                fut.set_exception(redis_error(exc, "the pub/sub connection", f"SUBSCRIBE {channel}"))
+                fut.set_exception(redis_error(exc, "(pub/sub)", f"SUBSCRIBE {channel}"))
                 fut.add_done_callback(_retrieved)  # if every waiter already left
             return
         if self._task is None or self._task.done():
@@ -170,9 +170,11 @@ class Signals:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                refused = redis_error(exc, "the pub/sub connection", "SUBSCRIBE")
+                refused = redis_error(exc, "(pub/sub)", "SUBSCRIBE")
                 if isinstance(refused, AccessDenied):  # NOPERM: a refusal, not a loss
                     self._refused(refused)
+                    await asyncio.sleep(backoff)  # no busy loop if it keeps refusing
+                    backoff = min(backoff * 2, 1.0)
                     continue
                 log.warning("pub/sub connection lost (%s); reconnecting", exc)
                 self._connection_lost()
