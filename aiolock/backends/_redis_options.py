@@ -156,7 +156,7 @@ def resolve(
         if any(u.startswith("ssl") for u in unknown) and not issubclass(cls, SSLConnection):
             hint = " (TLS options need a rediss:// URL)"
         raise ValueError(
-            f"unknown Redis option(s) {', '.join(unknown)} for {safe_url}{hint}; accepted: "
+            f"unknown option(s) {', '.join(unknown)} for {safe_url}{hint}; accepted: "
             + ", ".join(n for n in accepted_options(cls))
         )
     for alias, ours in _ALIASES.items():  # one timeout per kind, for every connection

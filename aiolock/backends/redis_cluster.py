@@ -204,6 +204,8 @@ class RedisClusterBackend(RedisBackend):
             "self", "kwargs", "host", "port", "startup_nodes", "cluster_error_retry_attempts"}
         check_names(given, {"connect_timeout", "request_timeout", "prefix",
                             *node_level, *cluster_level}, safe)
+        if given.get("db") not in (None, 0):
+            raise ValueError(f"a Redis Cluster has only database 0, got db={given['db']!r}")
         auth = credentials(userinfo)
         options: dict[str, Any] = dict(
             socket_connect_timeout=connect_timeout, socket_timeout=request_timeout,
@@ -212,7 +214,10 @@ class RedisClusterBackend(RedisBackend):
             **auth,
         )
         options.update(given)
-        cluster = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in seeds], **options)
+        try:
+            cluster = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in seeds], **options)
+        except (rexc.RedisError, TypeError) as exc:  # a bad option value
+            raise ValueError(f"bad option for {safe}: {exc}") from None
         node_options: dict[str, Any] = dict(auth)
         node_options.update(socket_connect_timeout=connect_timeout, socket_timeout=request_timeout)
         # every connection-level option (TLS, client name, credentials...) applies to the
