@@ -144,7 +144,7 @@ def make_tls_files(directory: Path) -> dict[str, str]:
     """A private CA, a server certificate for 127.0.0.1 / localhost and a client
     certificate, made with the ``openssl`` CLI; a second, unrelated CA (``other_ca``).
     Returns the paths by name: ca, ca_key, server_cert, server_key, client_cert,
-    client_key, other_ca."""
+    client_key, client_key_encrypted (password ``key-pw``), other_ca."""
     openssl = shutil.which("openssl")
     if openssl is None:
         raise RuntimeError("the openssl CLI is not installed")
@@ -168,7 +168,10 @@ def make_tls_files(directory: Path) -> dict[str, str]:
         run("x509", "-req", "-in", csr, "-CA", files["ca.pem"], "-CAkey", files["ca.key"],
             "-CAcreateserial", "-days", "2", "-out", files[f"{who}.pem"],
             *(("-extfile", files["san.cnf"]) if who == "server" else ()))
+    enc = str(d / "client_enc.key")  # the client key encrypted, password "key-pw"
+    run("pkey", "-in", files["client.key"], "-aes256", "-passout", "pass:key-pw", "-out", enc)
     return {"ca": files["ca.pem"], "ca_key": files["ca.key"], "server_cert": files["server.pem"],
+            "client_key_encrypted": enc,
             "server_key": files["server.key"], "client_cert": files["client.pem"],
             "client_key": files["client.key"], "other_ca": files["other_ca.pem"]}
 
@@ -177,9 +180,10 @@ class TlsRedisServer(RedisServer):
     """redis-server speaking only TLS (``--port 0 --tls-port``), requiring client
     certificates signed by a private CA it makes (:attr:`tls`: the file paths)."""
 
-    def __init__(self, *, args: Sequence[str] = ()) -> None:
+    def __init__(self, *, args: Sequence[str] = (), tls: dict[str, str] | None = None) -> None:
+        """``tls``: the files of another TlsRedisServer, to share its CA and certificates."""
         super().__init__(args=args)
-        self.tls = make_tls_files(self.dir)
+        self.tls = tls or make_tls_files(self.dir)
 
     @property
     def url(self) -> str:

@@ -117,6 +117,53 @@ async def test_tls_options_as_keywords(tls_server: TlsRedisServer) -> None:
         assert locks.backend.ordered  # the lean connection honours them all
 
 
+async def test_tls_ca_data_and_key_password(tls_server: TlsRedisServer) -> None:
+    tls = tls_server.tls
+    with open(tls["ca"]) as f:  # noqa: ASYNC230 -- a small local file
+        ca_data = f.read()
+    async with aiolock.connect(
+        tls_server.url, ssl_ca_data=ca_data, ssl_certfile=tls["client_cert"],
+        ssl_keyfile=tls["client_key_encrypted"], ssl_password="key-pw", connect_timeout=3,
+    ) as locks:
+        await _contend(locks)
+    with pytest.raises(ValueError, match="TLS") as info:  # a wrong key password: at once
+        aiolock.connect(tls_server.url, ssl_ca_certs=tls["ca"], ssl_certfile=tls["client_cert"],
+                        ssl_keyfile=tls["client_key_encrypted"], ssl_password="nope-pw")
+    assert "nope-pw" not in str(info.value)
+
+
+async def test_redlock_over_tls(tls_server: TlsRedisServer) -> None:
+    tls = tls_server.tls
+    others = [TlsRedisServer(tls=tls).start() for _ in range(2)]
+    try:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in (tls_server, *others))
+        url = (f"redlock://{hosts}?ssl=true&ssl_ca_certs={tls['ca']}"
+               f"&ssl_certfile={tls['client_cert']}&ssl_keyfile={tls['client_key']}")
+        async with aiolock.connect(url, connect_timeout=3, request_timeout=3) as locks:
+            await _contend(locks)
+    finally:
+        for server in others:
+            server.close()
+
+
+async def test_unix_socket_with_options(tmp_path: Path) -> None:
+    sock = str(tmp_path / "redis.sock")
+    server = RedisServer(args=["--unixsocket", sock, "--unixsocketperm", "700"]).start()
+    tag = f"app-{uuid.uuid4().hex[:6]}"
+    try:
+        async with aiolock.connect(f"unix://{sock}?db=3&client_name={tag}") as locks:
+            assert locks.backend.ordered
+            await _contend(locks)
+            admin = aioredis.Redis(port=server.port)
+            try:
+                mine = [c for c in await admin.client_list() if c.get("name") == tag]
+            finally:
+                await admin.aclose()
+            assert len(mine) >= 2 and all(c["db"] == "3" for c in mine), mine
+    finally:
+        server.close()
+
+
 async def test_tls_wrong_ca_fails_fast(tls_server: TlsRedisServer) -> None:
     tls = tls_server.tls
     t0 = time.monotonic()
@@ -244,6 +291,19 @@ async def test_missing_command_is_access_denied(acl_server: RedisServer) -> None
         async with aiolock.connect(url, connect_timeout=2) as locks:
             await locks.lock(_name()).acquire(timeout=0)
     assert "s3cret-pw" not in str(info.value)
+
+
+async def test_redlock_refused_credentials_are_access_denied() -> None:
+    servers = [RedisServer(args=["--requirepass", "right-pw"]).start() for _ in range(3)]
+    try:
+        url = "redlock://:wrong-pw@" + ",".join(f"127.0.0.1:{s.port}" for s in servers)
+        with pytest.raises(AccessDenied) as info:
+            async with aiolock.connect(url, connect_timeout=2):
+                pass
+        assert "WRONGPASS" in str(info.value) and "wrong-pw" not in str(info.value)
+    finally:
+        for server in servers:
+            server.close()
 
 
 @pytest.mark.parametrize("userinfo", ["", ":wrong-pw@"])

@@ -68,6 +68,7 @@ from redis.crc import key_slot
 from .._validate import check_timeouts, credentials, format_hosts, parse_hosts
 from ..abc import Capability, Claim, Kind
 from ..errors import BackendUnavailable, LockError
+from ._redis_errors import redis_error
 from ._redis_options import check_names, connection_options, query_options
 from ._redis_pubsub import Signals
 from ._redis_scripts import RENEW
@@ -260,9 +261,11 @@ class RedisClusterBackend(RedisBackend):
                 await self._cluster.initialize()
                 await self.signals.warm()
         except _CONNECT_ERRORS as exc:
-            raise BackendUnavailable(
-                f"cannot reach Redis Cluster at {self._url} ({type(exc).__name__}: {exc})"
-            ) from exc
+            error = redis_error(exc, self._url, "the connection")
+            if type(error) is LockError:  # the cluster's own "cannot be connected"...
+                error = BackendUnavailable(
+                    f"cannot reach Redis Cluster at {self._url} ({type(exc).__name__}: {exc})")
+            raise error from exc
 
     async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
         groups: dict[int, list[int]] = {}
@@ -284,7 +287,7 @@ class RedisClusterBackend(RedisBackend):
                     raise BackendUnavailable(
                         f"Redis Cluster at {self._url} is unavailable ({type(reply).__name__}: {reply})"
                     ) from reply
-                raise LockError(f"Redis Cluster at {self._url} refused renew: {reply}") from reply
+                raise redis_error(reply, self._url, "renew") from reply
             for i, ms in zip(group, reply, strict=True):
                 out[i] = int(ms) or None
         return out

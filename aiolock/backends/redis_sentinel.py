@@ -73,7 +73,8 @@ from redis.backoff import NoBackoff
 
 from .._validate import check_timeouts, credentials, format_hosts, parse_hosts
 from ..abc import Busy, Capability, Claim, Granted
-from ..errors import BackendUnavailable, LockError
+from ..errors import BackendUnavailable
+from ._redis_errors import redis_error
 from ._redis_options import check_names, connection_options, query_options
 from ._redis_pubsub import Signals
 from ._redis_scripts import ACQUIRE, ACQUIRE_SHARED, RENEW, Script
@@ -90,6 +91,7 @@ _QUERY = ("db", "password", "sentinel_username", "sentinel_password")
 _DOWN: tuple[type[BaseException], ...] = (
     ConnectionError, TimeoutError, OSError, rexc.ConnectionError, rexc.TimeoutError,
 )
+_ERRORS: tuple[type[BaseException], ...] = (*_DOWN, rexc.RedisError)
 
 
 class _SentinelSignals(Signals):
@@ -260,12 +262,8 @@ class RedisSentinelBackend(RedisBackend):
             return await super()._run(script, keys, *args, on_retry=on_retry)
         try:
             reply, acked = await self._run_and_wait(script, keys, args)
-        except _DOWN as exc:
-            raise BackendUnavailable(
-                f"Redis at {self._url} is unavailable ({type(exc).__name__}: {exc})"
-            ) from exc
-        except rexc.RedisError as exc:
-            raise LockError(f"Redis at {self._url} refused {script.name}: {exc}") from exc
+        except _ERRORS as exc:
+            raise redis_error(exc, self._url, script.name) from exc
         wrote = script is RENEW or reply[0] == 1  # a busy reply needs no replication
         if wrote and acked < self._wait_replicas:
             raise BackendUnavailable(

@@ -40,8 +40,9 @@ majority each (3 nodes, limit 2: three holders with two nodes each).
 
 Errors: every node request is bounded by the connect and request timeouts. A minority
 of nodes down (or slow) is tolerated; when a majority cannot answer, operations raise
-:class:`aiolock.BackendUnavailable` (a :class:`aiolock.LockError` if a node refused a
-script instead). ``abandon`` applies to every reachable node and raises only if fewer
+:class:`aiolock.BackendUnavailable` (:class:`aiolock.AccessDenied` if a node refused the
+credentials or a permission, a :class:`aiolock.LockError` if a node refused a script).
+``abandon`` applies to every reachable node and raises only if fewer
 than a majority confirmed.
 """
 
@@ -60,7 +61,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from .._validate import format_hosts, parse_hosts
 from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
-from ..errors import BackendUnavailable, LockError
+from ..errors import AccessDenied, BackendUnavailable, LockError
 from ._redis_scripts import INSPECT, Script
 from ._redlock_scripts import RAISE, REPAIR
 from .redis import RedisBackend
@@ -252,6 +253,8 @@ class RedlockBackend(Backend):
             detail += ("; " if detail else "") + f"{len(replies.pending)} still pending"
         message = (f"Redlock {self._url}: {what} needs {self.quorum} of {n} Redis nodes, "
                    f"only {len(replies.ok)} succeeded ({detail})")
+        if any(isinstance(e, AccessDenied) for e in replies.errors.values()):
+            return AccessDenied(message)  # credentials or ACL: retrying does not help
         refused = [e for e in replies.errors.values() if not isinstance(e, BackendUnavailable)]
         return LockError(message) if refused else BackendUnavailable(message)
 
