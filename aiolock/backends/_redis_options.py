@@ -32,6 +32,7 @@ from redis.asyncio.connection import (
     SSLConnection,
     UnixDomainSocketConnection,
     parse_url,
+    to_bool,
 )
 
 from .._validate import check_timeouts
@@ -67,11 +68,20 @@ def _parameters(cls: type) -> dict[str, inspect.Parameter]:
     return found
 
 
+#: redis-py's internal plumbing: accepted, but not listed in error messages
+_INTERNAL = ("maint", "orig_", "oss_cluster", "himport", "event_dispatcher", "encoder_class",
+             "socket_type", "legacy_responses")
+
+
 def accepted_options(connection_class: type = Connection) -> list[str]:
     """Every option name a URL of ``connection_class`` accepts, aiolock's own first."""
     names = set(_parameters(connection_class)) | set(_POOL) | {"connection_class"}
     names -= {"host", "port", "path"} if connection_class in _LEAN_CLASSES else set()
     return [*OWN, *sorted(names)]
+
+
+def _listed(names: Any) -> str:
+    return ", ".join(n for n in names if not n.startswith(_INTERNAL))
 
 
 def connection_options() -> set[str]:
@@ -84,7 +94,7 @@ def check_names(given: Any, accepted: Any, where: str) -> None:
     unknown = sorted(set(given) - set(accepted))
     if unknown:
         raise ValueError(f"unknown option(s) {', '.join(unknown)} for {where}; accepted: "
-                         + ", ".join(sorted(accepted)))
+                         + _listed(sorted(accepted)))
 
 
 def query_options(query: str, where: str) -> dict[str, Any]:
@@ -92,6 +102,8 @@ def query_options(query: str, where: str) -> dict[str, Any]:
     try:
         parsed = dict(parse_url("redis://x/?" + query)) if query else {}
         parsed.pop("host", None)
+        if "ssl" in parsed:  # redis-py has no parser for it: "false" must not be truthy
+            parsed["ssl"] = bool(to_bool(parsed["ssl"]))
         return parsed
     except ValueError as exc:
         raise ValueError(f"bad option in {where}: {exc}") from None
@@ -157,7 +169,7 @@ def resolve(
             hint = " (TLS options need a rediss:// URL)"
         raise ValueError(
             f"unknown option(s) {', '.join(unknown)} for {safe_url}{hint}; accepted: "
-            + ", ".join(n for n in accepted_options(cls))
+            + _listed(accepted_options(cls))
         )
     for alias, ours in _ALIASES.items():  # one timeout per kind, for every connection
         if alias in merged:
