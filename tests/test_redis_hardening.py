@@ -527,3 +527,13 @@ async def test_cluster_options_reach_pubsub(redis_cluster: Any) -> None:
         node = locks.backend.signals.node
         port = node.rpartition(":")[2]
         assert await _named_connections([int(port)], tag) >= 1  # the pub/sub connection
+
+
+async def test_sentinel_options_reach_the_master(redis_sentinel: Any) -> None:
+    tag = f"app-{uuid.uuid4().hex[:6]}"
+    async with aiolock.connect(redis_sentinel.url + f"?client_name={tag}") as locks:
+        await _contend(locks)
+        port = redis_sentinel.master_port()
+        assert await _named_connections([port], tag) >= 2  # scripts and pub/sub
+    with pytest.raises(ValueError, match="conect_timeout"):
+        aiolock.connect(redis_sentinel.url, sentinel_kwargs={"conect_timeout": 1})

@@ -9,7 +9,11 @@ with optional query options ``db=N``, ``password=...`` (instead of the userinfo;
 user and password are the master's, not the sentinels'), ``sentinel_username=...`` and
 ``sentinel_password=...`` (for sentinels that require AUTH). Sentinel port defaults to
 26379. Keyword options: ``connect_timeout``, ``request_timeout``, ``prefix`` (as for
-``redis://``), ``wait_replicas=N`` (see below); others go to the master client.
+``redis://``), ``wait_replicas=N`` (see below), ``sentinel_kwargs`` (a dict of
+connection options for the sentinels, e.g. TLS files); every other option of a
+``redis.asyncio`` connection (in the query or as a keyword: TLS, client name, credential
+provider...) applies to every connection to the master, the scripts' and pub/sub's; an
+unknown one raises ValueError.
 
 Following a failover: when the master changes, connections to the old one are closed
 (the sentinel kills client connections on the demoted server, and a ``READONLY``
@@ -167,9 +171,11 @@ class RedisSentinelBackend(RedisBackend):
         given = {**query_options("&".join(p for p in query.split("&")
                                           if p.partition("=")[0] not in _QUERY), safe),
                  **master_options}
+        extra_sentinel_kwargs = dict(given.pop("sentinel_kwargs", None) or {})
         check_names({**params, **given}, {"connect_timeout", "request_timeout", "prefix",
                                           "wait_replicas", *_QUERY, *connection_options()},
                     safe)
+        check_names(extra_sentinel_kwargs, connection_options(), f"sentinel_kwargs of {safe}")
         master_options = given
         auth = credentials(userinfo)
         if params.get("password"):
@@ -194,6 +200,7 @@ class RedisSentinelBackend(RedisBackend):
             **auth,
         )
         options.update(master_options)
+        sentinel_kwargs.update(extra_sentinel_kwargs)
         sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
         return cls(sentinel, service, prefix=prefix, request_timeout=request_timeout,
                    connect_timeout=connect_timeout, wait_replicas=wait_replicas, url=safe,
