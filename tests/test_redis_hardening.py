@@ -207,6 +207,17 @@ async def test_credential_provider_runs_scripts_through_redis_py(acl_server: Red
         await _contend(locks)
 
 
+async def test_credential_provider_refused_is_access_denied(acl_server: RedisServer) -> None:
+    from redis.credentials import UsernamePasswordCredentialProvider
+
+    provider = UsernamePasswordCredentialProvider("aiolock", "wrong-pw")
+    with pytest.raises(AccessDenied, match="WRONGPASS") as info:
+        async with aiolock.connect(_url(acl_server), credential_provider=provider,
+                                   connect_timeout=2):
+            pass
+    assert "wrong-pw" not in str(info.value)
+
+
 async def test_socket_timeout_aliases(redis_server: RedisServer) -> None:
     async with aiolock.connect(redis_server.url + "?socket_timeout=2&socket_connect_timeout=2") as locks:
         await _contend(locks)

@@ -3,7 +3,9 @@
 One Lua script per primitive (see :mod:`aiolock.backends._redis_scripts`), run with
 EVALSHA and loaded again on NOSCRIPT; release signals over one pub/sub connection (see
 :mod:`aiolock.backends._redis_pubsub`). Built from a URL, the scripts run on one lean
-pipelined connection (:mod:`aiolock.backends._resp`) and pub/sub on ``redis.asyncio``;
+pipelined connection (:mod:`aiolock.backends._resp`) and pub/sub on ``redis.asyncio``,
+both with every option of the URL (:mod:`aiolock.backends._redis_options`; where the
+lean connection cannot honour one, the scripts go through ``redis.asyncio`` too);
 built from a ``redis.asyncio`` client you pass in, everything goes through that client.
 Keys are ``<prefix>:lock:{<name>}...`` where the name is escaped (``%``, ``{``, ``}``
 percent-encoded) so the braces form a cluster hash tag covering every key of one lock.
