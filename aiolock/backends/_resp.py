@@ -93,6 +93,9 @@ class RespClient(PipelinedClient[_Protocol]):
                 await fut
         except BaseException as exc:  # a refusal (NOAUTH, WRONGPASS...) is the caller's to map
             proto.abort(exc)
+            for fut in setup:  # the others failed with it: nobody else will look
+                if fut.done() and not fut.cancelled():
+                    fut.exception()
             raise
         return proto
 
