@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 
 import aiolock
 from aiolock import AccessDenied, BackendUnavailable, LockError
+from aiolock.abc import Kind
 
 from .servers import RedisServer, TlsRedisServer
 
@@ -205,6 +206,19 @@ async def test_credential_provider_runs_scripts_through_redis_py(acl_server: Red
     async with aiolock.connect(_url(acl_server), credential_provider=provider) as locks:
         assert not locks.backend.ordered  # the lean connection cannot ask a provider
         await _contend(locks)
+
+
+@pytest.mark.parametrize("query", ["health_check_interval=5", "retry_on_timeout=true",
+                                   "protocol=3", "decode_responses=true&protocol=3"])
+async def test_options_only_redis_py_honours(redis_server: RedisServer, query: str) -> None:
+    """The scripts then run through redis.asyncio, with the option; everything works."""
+    async with aiolock.connect(f"{redis_server.url}?{query}") as locks:
+        assert not locks.backend.ordered
+        await _contend(locks)
+        name = _name()
+        rw = locks.rwlock(name, ttl=5)
+        async with rw.read():
+            assert (await locks.status(name, Kind.READ)).holders == 1
 
 
 async def test_credential_provider_refused_is_access_denied(acl_server: RedisServer) -> None:
