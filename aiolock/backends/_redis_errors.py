@@ -19,7 +19,10 @@ from redis import exceptions as rexc
 
 from ..errors import AccessDenied, BackendUnavailable, LockError
 
-__all__ = ["redis_error"]
+__all__ = ["CONNECTING", "redis_error"]
+
+#: ``what`` for errors while connecting (the message then says "cannot reach")
+CONNECTING = "the connection"
 
 #: Error codes that mean "the server is there but cannot serve this now".
 NOT_NOW = ("LOADING", "READONLY", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
@@ -83,6 +86,8 @@ def redis_error(exc: BaseException, where: str, what: str) -> LockError:
         return AccessDenied(f"Redis at {where} refused {what}: {text} -- {_HINTS[code]}")
     if code in NOT_NOW:
         return BackendUnavailable(f"Redis at {where} cannot serve {what} now: {text}")
+    if isinstance(exc, _DOWN) and what == CONNECTING:
+        return BackendUnavailable(f"cannot reach Redis at {where} ({type(exc).__name__}: {exc})")
     if isinstance(exc, _DOWN):
         return BackendUnavailable(
             f"Redis at {where} is unavailable for {what} ({type(exc).__name__}: {exc})"

@@ -36,7 +36,7 @@ from redis import exceptions as rexc
 
 from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
 from ..errors import LockError
-from ._redis_errors import redis_error
+from ._redis_errors import CONNECTING, redis_error
 from ._redis_options import resolve
 from ._redis_pubsub import Signals
 from ._redis_scripts import (
@@ -204,7 +204,7 @@ class RedisBackend(Backend):
                 if self.ordered:
                     await self._load_scripts()  # now rather than at the first NOSCRIPT
         except _ERRORS as exc:
-            raise redis_error(exc, self._url, "the connection") from exc
+            raise redis_error(exc, self._url, CONNECTING) from exc
 
     async def try_acquire(self, claim: Claim) -> Granted | Busy:
         if self.ordered or not (claim.fair or claim.kind is Kind.WRITE):

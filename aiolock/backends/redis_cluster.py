@@ -68,7 +68,7 @@ from redis.crc import key_slot
 from .._validate import check_timeouts, credentials, format_hosts, parse_hosts
 from ..abc import Capability, Claim, Kind
 from ..errors import BackendUnavailable, LockError
-from ._redis_errors import redis_error
+from ._redis_errors import CONNECTING, redis_error
 from ._redis_options import check_names, connection_options, query_options
 from ._redis_pubsub import Signals
 from ._redis_scripts import RENEW
@@ -261,7 +261,7 @@ class RedisClusterBackend(RedisBackend):
                 await self._cluster.initialize()
                 await self.signals.warm()
         except _CONNECT_ERRORS as exc:
-            error = redis_error(exc, self._url, "the connection")
+            error = redis_error(exc, self._url, CONNECTING)
             if type(error) is LockError:  # the cluster's own "cannot be connected"...
                 error = BackendUnavailable(
                     f"cannot reach Redis Cluster at {self._url} ({type(exc).__name__}: {exc})")
