@@ -150,8 +150,14 @@ def lock_key(family: str, name: str, slot: int | None = None) -> str:
 
 
 def _asyncmy() -> Any:
-    """Import ``asyncmy`` on first use."""
-    return importlib.import_module("asyncmy")
+    """Import ``asyncmy`` on first use; say which extra installs it if it is missing."""
+    try:
+        return importlib.import_module("asyncmy")
+    except ImportError as exc:
+        raise ImportError(
+            "the mysql:// backend needs the asyncmy client; install it with: "
+            "pip install 'aiolock[mysql]'", name="asyncmy",
+        ) from exc
 
 
 def _code(exc: BaseException) -> int | None:
@@ -308,6 +314,7 @@ class MySQLBackend(Backend):
     ) -> None:
         if not database:
             raise ValueError("a database is needed: mysql://user@host:port/DATABASE")
+        _asyncmy()  # a missing client is reported now, naming the extra to install
         self._params: dict[str, Any] = {
             "host": host, "port": port, "user": user, "password": password or "",
             "database": database,
@@ -375,14 +382,13 @@ class MySQLBackend(Backend):
 
     async def _new_connection(self) -> Any:
         mod = _asyncmy()
-        from asyncmy.constants import CLIENT
-
+        flags = importlib.import_module("asyncmy.constants.CLIENT")
         try:
             async with asyncio.timeout(self._connect_timeout):
                 conn = await mod.connect(
                     **self._params, autocommit=True, charset="utf8mb4",
                     connect_timeout=max(1, math.ceil(self._connect_timeout)),
-                    client_flag=CLIENT.MULTI_STATEMENTS, program_name="aiolock",
+                    client_flag=flags.MULTI_STATEMENTS, program_name="aiolock",
                 )
         except Exception as exc:
             if isinstance(exc, (LockError, ValueError)):
