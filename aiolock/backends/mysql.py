@@ -119,7 +119,7 @@ _RELEASE = (
 )
 
 _INSPECT = """
-SELECT IS_USED_LOCK(%s), t.token, h.token, h.conn, h.ttl_ms, p.TIME_MS, p.COMMAND
+SELECT IS_USED_LOCK(%s), t.token, h.token, h.conn, h.ttl_ms, {idle_ms}, p.COMMAND
 FROM (SELECT 1) AS one
 LEFT JOIN aiolock_tokens t ON t.family = %s AND t.name = %s
 LEFT JOIN aiolock_holders h ON h.family = %s AND h.name = %s AND h.slot = 0
@@ -328,6 +328,8 @@ class MySQLBackend(Backend):
         self._pool = _Pool(self._new_connection, size, wait, self._url)
         self._schema_ready = False
         self._schema_lock = asyncio.Lock()
+        #: a session's idle time in ms from PROCESSLIST (MariaDB has TIME_MS; MySQL, TIME)
+        self._idle_ms = "p.TIME * 1000"
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
 
@@ -398,6 +400,8 @@ class MySQLBackend(Backend):
             raise BackendUnavailable(
                 f"cannot reach MySQL at {self._url} ({type(exc).__name__}: {exc})"
             ) from exc
+        if "mariadb" in conn.get_server_info().lower():
+            self._idle_ms = "p.TIME_MS"
         if not self._schema_ready:
             try:
                 await self._ensure_schema(conn)
@@ -586,8 +590,7 @@ class MySQLBackend(Backend):
         conn = conn_id = None
         try:
             conn = await self._pool.get()
-            async with self._guard():
-                conn_id = (await _run(conn, "SELECT CONNECTION_ID()"))[0][0]
+            conn_id = conn.thread_id()
             sql, args = self._try_sql(st, _FOREVER)
             sql = "SET SESSION wait_timeout = %s; " + sql
             async with self._guard(None):
@@ -744,8 +747,9 @@ class MySQLBackend(Backend):
         if kind is Kind.PERMIT:
             return await self._inspect_sem(name)
         family = kind.family
-        rows = await self._query(_INSPECT, (lock_key(family, name), family, _name(name), family,
-                                            _name(name)))
+        raw = _name(name)
+        rows = await self._query(_INSPECT.format(idle_ms=self._idle_ms),
+                                 (lock_key(family, name), family, raw, family, raw))
         used, last, token, holder, ttl_ms, idle_ms, command = rows[0]
         if used is None:
             return LockInfo(name, False, last_token=last)
@@ -757,7 +761,7 @@ class MySQLBackend(Backend):
     async def _inspect_sem(self, name: str) -> LockInfo:
         # the limit is not stored: count the holder rows whose sessions hold their slot
         rows = await self._query(
-            "SELECT h.slot, h.conn, h.ttl_ms, p.TIME_MS, p.COMMAND,"
+            "SELECT h.slot, h.conn, h.ttl_ms, " + self._idle_ms + ", p.COMMAND,"
             " (SELECT token FROM aiolock_tokens WHERE family = 'sem' AND name = %s)"
             " FROM (SELECT 1) AS one LEFT JOIN aiolock_holders h ON h.family = 'sem' AND h.name = %s"
             " LEFT JOIN information_schema.PROCESSLIST p ON p.ID = h.conn",
@@ -874,10 +878,9 @@ class MySQLRowBackend(MySQLBackend):
         self._check_kind(claim)
         async with self._guard():
             got = await self._lock_row(conn, claim, nowait=True)
-            holder_id = (await _run(conn, "SELECT CONNECTION_ID()"))[0][0] if got else 0
         if got:
             try:
-                await self._record(claim, st, holder_id)
+                await self._record(claim, st, conn.thread_id())
             except BaseException:
                 with contextlib.suppress(Exception):
                     await _run(conn, "ROLLBACK")
@@ -889,8 +892,7 @@ class MySQLRowBackend(MySQLBackend):
         try:
             self._check_kind(claim)
             conn = await self._pool.get()
-            async with self._guard():
-                conn_id = (await _run(conn, "SELECT CONNECTION_ID()"))[0][0]
+            conn_id = conn.thread_id()
             async with self._guard(None):
                 await self._lock_row(conn, claim, nowait=False)
             async with self._guard():
@@ -908,22 +910,22 @@ class MySQLRowBackend(MySQLBackend):
 
     async def _renew_statement(self, conn: Any, claim: Claim, st: _State) -> bool:
         async with self._guard():
-            rows = await _run(conn, "SET SESSION wait_timeout = %s; SELECT @@in_transaction",
-                              (_seconds(claim.ttl_ms),))
-        return bool(rows[0][0] == 1)
+            await _run(conn, "SET SESSION wait_timeout = %s", (_seconds(claim.ttl_ms),))
+        # the server's status flag: our transaction (and so its row lock) is still open
+        return bool(conn.get_transaction_status())
 
     async def _unlock(self, conn: Any, claim: Claim, st: _State) -> bool:
+        held = bool(conn.get_transaction_status())
         async with self._guard():
-            rows = await _run(
+            await _run(
                 conn,
-                "SET @aiolock_held = @@in_transaction; ROLLBACK;"
-                " SET SESSION wait_timeout = @@GLOBAL.wait_timeout,"
+                "ROLLBACK; SET SESSION wait_timeout = @@GLOBAL.wait_timeout,"
                 " innodb_lock_wait_timeout = @@GLOBAL.innodb_lock_wait_timeout;"
                 " DELETE FROM aiolock_holders WHERE family = %s AND name = %s AND slot = 0"
-                " AND owner = %s; SELECT @aiolock_held",
+                " AND owner = %s",
                 (claim.kind.family, _name(claim.name), claim.owner),
             )
-        return bool(rows[0][0] == 1)
+        return held
 
     @staticmethod
     def _check_kind(claim: Claim) -> None:
@@ -938,7 +940,8 @@ class MySQLRowBackend(MySQLBackend):
             " (SELECT COUNT(*) FROM (SELECT 1 FROM aiolock_rows WHERE family = %s AND name = %s"
             "  LOCK IN SHARE MODE SKIP LOCKED) AS f) INTO @aiolock_exists, @aiolock_free;"
             " ROLLBACK;"
-            " SELECT @aiolock_exists, @aiolock_free, t.token, h.token, h.ttl_ms, p.TIME_MS, p.COMMAND"
+            " SELECT @aiolock_exists, @aiolock_free, t.token, h.token, h.ttl_ms, " + self._idle_ms
+            + ", p.COMMAND"
             " FROM (SELECT 1) AS one"
             " LEFT JOIN aiolock_tokens t ON t.family = %s AND t.name = %s"
             " LEFT JOIN aiolock_holders h ON h.family = %s AND h.name = %s AND h.slot = 0"
