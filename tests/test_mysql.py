@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -314,3 +315,22 @@ def test_missing_client_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setitem(sys.modules, "asyncmy", None)
     with pytest.raises(ImportError, match=r"pip install 'aiolock\[mysql\]'"):
         aiolock.connect("mysql://u@127.0.0.1:3306/db")
+
+
+@pytest.mark.parametrize("mode", ["", "?mode=row"])
+async def test_status_after_a_lost_lease_waits_for_its_clean_up(
+    db: MariaDBServer, name: str, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with aiolock.connect(db.url + mode) as locks:
+        backend: Any = locks.backend
+        unlock = backend._unlock
+
+        async def slow_unlock(*args: Any) -> bool:
+            await asyncio.sleep(0.3)  # a slow network: the give-back is still in flight
+            return bool(await unlock(*args))
+
+        monkeypatch.setattr(backend, "_unlock", slow_unlock)
+        with pytest.raises(aiolock.LockLost):
+            async with locks.lock(name, ttl=0.2, watchdog=False):
+                await asyncio.sleep(1)
+        assert not await locks.lock(name).locked()

@@ -331,6 +331,9 @@ class MySQLBackend(Backend):
         #: a session's idle time in ms from PROCESSLIST (MariaDB has TIME_MS; MySQL, TIME)
         self._idle_ms = "p.TIME * 1000"
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: clean-ups in flight by (family, name): inspect() waits for them, so that a
+        #: status() read after a lost lease was given back does not see it still held
+        self._pending: dict[tuple[str, str], set[asyncio.Task[Any]]] = {}
         self._closed = False
 
     @classmethod
@@ -693,6 +696,16 @@ class MySQLBackend(Backend):
         st.abandoned = True
         if st.cleanup is None or st.cleanup.done():
             st.cleanup = self._spawn(self._abandon(claim, st))
+            key = (claim.kind.family, claim.name)
+            pending = self._pending.setdefault(key, set())
+            pending.add(st.cleanup)
+
+            def done(task: asyncio.Task[Any]) -> None:
+                pending.discard(task)
+                if not pending and self._pending.get(key) is pending:
+                    del self._pending[key]
+
+            st.cleanup.add_done_callback(done)
         await asyncio.shield(st.cleanup)
 
     async def _abandon(self, claim: Claim, st: _State) -> None:
@@ -743,7 +756,14 @@ class MySQLBackend(Backend):
             conn, slot, _token = wait.result()
             await self._cleanup(claim, _State(st.keys, conn=conn, slot=slot))
 
+    async def _settle(self, family: str, name: str) -> None:
+        """Wait (bounded) for this backend's own clean-ups of ``name`` in flight."""
+        pending = self._pending.get((family, name))
+        if pending:
+            await asyncio.wait(list(pending), timeout=self._request_timeout)
+
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
+        await self._settle(kind.family, name)
         if kind is Kind.PERMIT:
             return await self._inspect_sem(name)
         family = kind.family
@@ -933,6 +953,7 @@ class MySQLRowBackend(MySQLBackend):
             raise LockError("the row-lock mode offers lock() only (no rwlock or semaphore)")
 
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
+        await self._settle(kind.family, name)
         family, raw = kind.family, _name(name)
         rows = await self._query(
             "START TRANSACTION;"
