@@ -70,7 +70,19 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
-from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
+from .._holder import Holder, decode_holder
+from ..abc import (
+    FAMILY_KIND,
+    REVOKED,
+    Backend,
+    Busy,
+    Capability,
+    Claim,
+    Granted,
+    Kind,
+    LockInfo,
+    Waiter,
+)
 from ..errors import AccessDenied, BackendUnavailable, LockError
 
 __all__ = ["MySQLBackend", "MySQLRowBackend", "lock_key"]
@@ -91,6 +103,7 @@ _SCHEMA = (
     " family VARCHAR(8) NOT NULL, name VARBINARY(2048) NOT NULL, slot INT NOT NULL,"
     " owner CHAR(32) NOT NULL, kind VARCHAR(8) NOT NULL, token BIGINT NOT NULL,"
     " conn BIGINT NOT NULL, ttl_ms BIGINT NOT NULL, since DATETIME(6) NOT NULL,"
+    " info TEXT CHARACTER SET utf8mb4 NOT NULL,"
     " PRIMARY KEY (family, name, slot)) ENGINE=InnoDB",
     "CREATE TABLE IF NOT EXISTS aiolock_rows ("
     " family VARCHAR(8) NOT NULL, name VARBINARY(2048) NOT NULL,"
@@ -99,18 +112,23 @@ _SCHEMA = (
 
 #: After ``@aiolock_slot`` is set (the slot taken, or NULL): arm the session's expiry,
 #: bump the token (autocommit: its own transaction), record the holder, report.
-#: Parameters: ttl s, family, name, family, name, owner, kind, ttl ms.
+#: Parameters: ttl s, family, name, family, name, owner, kind, ttl ms, holder record.
 _GRANT_TAIL = """;
 SET SESSION wait_timeout = IF(@aiolock_slot IS NULL, @@GLOBAL.wait_timeout, %s);
 INSERT INTO aiolock_tokens (family, name, token)
     SELECT %s, %s, LAST_INSERT_ID(1) FROM DUAL WHERE @aiolock_slot IS NOT NULL
     ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1);
-REPLACE INTO aiolock_holders (family, name, slot, owner, kind, token, conn, ttl_ms, since)
-    SELECT %s, %s, @aiolock_slot, %s, %s, LAST_INSERT_ID(), CONNECTION_ID(), %s, NOW(6)
+REPLACE INTO aiolock_holders (family, name, slot, owner, kind, token, conn, ttl_ms, since, info)
+    SELECT %s, %s, @aiolock_slot, %s, %s, LAST_INSERT_ID(), CONNECTION_ID(), %s, NOW(6), %s
     FROM DUAL WHERE @aiolock_slot IS NOT NULL;
 SELECT @aiolock_slot, LAST_INSERT_ID()"""
 
-_RENEW = "SET SESSION wait_timeout = %s; SELECT IS_USED_LOCK(%s) = CONNECTION_ID()"
+#: 1: held; 0: gone; 2: held, but its holder row was deleted (revoked by an operator)
+_RENEW = (
+    "SET SESSION wait_timeout = %s; SELECT CASE WHEN NOT IS_USED_LOCK(%s) <=> CONNECTION_ID()"
+    " THEN 0 WHEN EXISTS (SELECT 1 FROM aiolock_holders WHERE family = %s AND name = %s"
+    " AND slot = %s AND owner = %s) THEN 1 ELSE 2 END"
+)
 
 _RELEASE = (
     "SELECT RELEASE_LOCK(%s);"
@@ -119,7 +137,8 @@ _RELEASE = (
 )
 
 _INSPECT = """
-SELECT IS_USED_LOCK(%s), t.token, h.token, h.conn, h.ttl_ms, {idle_ms}, p.COMMAND
+SELECT IS_USED_LOCK(%s), t.token, h.token, h.conn, h.ttl_ms, {idle_ms}, p.COMMAND, h.info,
+       TIMESTAMPDIFF(MICROSECOND, h.since, NOW(6)) / 1e6
 FROM (SELECT 1) AS one
 LEFT JOIN aiolock_tokens t ON t.family = %s AND t.name = %s
 LEFT JOIN aiolock_holders h ON h.family = %s AND h.name = %s AND h.slot = 0
@@ -303,7 +322,8 @@ class MySQLBackend(Backend):
 
     schemes: ClassVar[tuple[str, ...]] = ("mysql", "mariadb")
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.SEMAPHORE, Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED}
+        {Capability.SEMAPHORE, Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED,
+         Capability.HOLDERS, Capability.SCAN, Capability.REVOKE}
     )
 
     def __init__(
@@ -506,7 +526,7 @@ class MySQLBackend(Backend):
     def _grant_args(self, claim: Claim) -> tuple[Any, ...]:
         family, name = claim.kind.family, _name(claim.name)
         return (_seconds(claim.ttl_ms), family, name, family, name, claim.owner,
-                claim.kind.value, claim.ttl_ms)
+                claim.kind.value, claim.ttl_ms, claim.info)
 
     # -- single-attempt primitives ----------------------------------------------------------
 
@@ -643,18 +663,23 @@ class MySQLBackend(Backend):
             try:
                 held = await self._renew_statement(conn, claim, st)
             except LockError:
-                held = False
-            if not held:
+                held = 0
+            if held == 2:  # revoked: give it back now (the core reports the loss)
+                return REVOKED
+            if held != 1:
                 # gone, or too slow to trust: drop the connection, so the server frees it
                 st.conn = None
                 self._pool.discard(conn)
                 return None
             return claim.ttl_ms
 
-    async def _renew_statement(self, conn: Any, claim: Claim, st: _State) -> bool:
+    async def _renew_statement(self, conn: Any, claim: Claim, st: _State) -> int:
+        """1 held, 0 gone, 2 revoked."""
         async with self._guard():
-            rows = await _run(conn, _RENEW, (_seconds(claim.ttl_ms), st.keys[st.slot]))
-        return bool(rows[0][0] == 1)
+            rows = await _run(conn, _RENEW, (_seconds(claim.ttl_ms), st.keys[st.slot],
+                                             claim.kind.family, _name(claim.name), st.slot,
+                                             claim.owner))
+        return int(rows[0][0])
 
     async def release(self, claim: Claim) -> bool:
         st = self._state(claim)
@@ -770,19 +795,21 @@ class MySQLBackend(Backend):
         raw = _name(name)
         rows = await self._query(_INSPECT.format(idle_ms=self._idle_ms),
                                  (lock_key(family, name), family, raw, family, raw))
-        used, last, token, holder, ttl_ms, idle_ms, command = rows[0]
+        used, last, token, holder, ttl_ms, idle_ms, command, info, since = rows[0]
         if used is None:
-            return LockInfo(name, False, last_token=last)
+            return LockInfo(name, False, last_token=last, family=family)
         if holder != used:  # held by a session that has not recorded itself (yet)
-            return LockInfo(name, True, holders=1, last_token=last)
+            return LockInfo(name, True, holders=1, last_token=last, family=family)
         return LockInfo(name, True, holders=1, token=token, last_token=last,
-                        ttl_left=_left(ttl_ms, idle_ms, command))
+                        ttl_left=_left(ttl_ms, idle_ms, command), family=family,
+                        held_by=(_holder(info, since),))
 
     async def _inspect_sem(self, name: str) -> LockInfo:
         # the limit is not stored: count the holder rows whose sessions hold their slot
         rows = await self._query(
             "SELECT h.slot, h.conn, h.ttl_ms, " + self._idle_ms + ", p.COMMAND,"
-            " (SELECT token FROM aiolock_tokens WHERE family = 'sem' AND name = %s)"
+            " (SELECT token FROM aiolock_tokens WHERE family = 'sem' AND name = %s), h.info,"
+            " TIMESTAMPDIFF(MICROSECOND, h.since, NOW(6)) / 1e6"
             " FROM (SELECT 1) AS one LEFT JOIN aiolock_holders h ON h.family = 'sem' AND h.name = %s"
             " LEFT JOIN information_schema.PROCESSLIST p ON p.ID = h.conn",
             (_name(name), _name(name)),
@@ -797,7 +824,32 @@ class MySQLBackend(Backend):
             live = [r for r, u in zip(live, used[0], strict=True) if u is not None and u == r[1]]
         lefts = [left for r in live if (left := _left(r[2], r[3], r[4])) is not None]
         return LockInfo(name, bool(live), holders=len(live), last_token=last,
-                        ttl_left=max(lefts) if lefts else None)
+                        ttl_left=max(lefts) if lefts else None, family="sem",
+                        held_by=tuple(_holder(r[6], r[7]) for r in live))
+
+    async def scan(self, prefix: str = "") -> AsyncIterator[LockInfo]:
+        """Every name held now whose name starts with ``prefix``: the names of the holder
+        rows (one indexed range read), each checked as :meth:`inspect` does."""
+        rows = await self._query(
+            "SELECT DISTINCT family, name FROM aiolock_holders WHERE name LIKE %s"
+            " ORDER BY name, family", (_like_prefix(prefix),),
+        )
+        for family, raw in rows:
+            if family not in FAMILY_KIND:
+                continue  # a family this aiolock does not know
+            info = await self.inspect(bytes(raw).decode("utf-8", "surrogatepass"), FAMILY_KIND[family])
+            if info.held:
+                yield info
+
+    async def force_release(self, name: str, kind: Kind = Kind.LOCK) -> bool:
+        """Delete the holder rows of ``name``: each holder learns at its next renewal
+        (within ``ttl/3``) that it was revoked, and gives the lock back."""
+        held = (await self.inspect(name, kind)).held
+        await self._query(
+            "DELETE FROM aiolock_holders WHERE family = %s AND name = %s; SELECT ROW_COUNT()",
+            (kind.family, _name(name)),
+        )
+        return held
 
     async def _query(self, sql: str, args: Sequence[Any]) -> list[Any]:
         """One read on a pooled connection (retried once on a fresh one)."""
@@ -842,6 +894,18 @@ def _left(ttl_ms: Any, idle_ms: Any, command: Any) -> float | None:
     return ttl
 
 
+def _holder(info: Any, since: Any) -> Holder:
+    return decode_holder(info, None if since is None else float(since))
+
+
+def _like_prefix(prefix: str) -> bytes:
+    """A ``LIKE`` pattern matching names that start with ``prefix`` (``\\`` escapes)."""
+    raw = prefix.encode("utf-8", "surrogatepass")
+    for char in (b"\\", b"%", b"_"):
+        raw = raw.replace(char, b"\\" + char)
+    return raw + b"%"
+
+
 def _safe(url: str) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
@@ -857,7 +921,8 @@ class MySQLRowBackend(MySQLBackend):
     """
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED}
+        {Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS,
+         Capability.SCAN, Capability.REVOKE}
     )
 
     async def _lock_row(self, conn: Any, claim: Claim, *, nowait: bool) -> bool:
@@ -888,9 +953,10 @@ class MySQLRowBackend(MySQLBackend):
             "INSERT INTO aiolock_tokens (family, name, token) VALUES (%s, %s, LAST_INSERT_ID(1))"
             " ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1);"
             " REPLACE INTO aiolock_holders (family, name, slot, owner, kind, token, conn, ttl_ms,"
-            " since) VALUES (%s, %s, 0, %s, %s, LAST_INSERT_ID(), %s, %s, NOW(6));"
+            " since, info) VALUES (%s, %s, 0, %s, %s, LAST_INSERT_ID(), %s, %s, NOW(6), %s);"
             " SELECT LAST_INSERT_ID()",
-            (family, name, family, name, claim.owner, claim.kind.value, holder_id, claim.ttl_ms),
+            (family, name, family, name, claim.owner, claim.kind.value, holder_id, claim.ttl_ms,
+             claim.info),
         )
         st.slot, st.token = 0, int(rows[0][0])
 
@@ -928,11 +994,19 @@ class MySQLRowBackend(MySQLBackend):
         self._wake(st)
         return result
 
-    async def _renew_statement(self, conn: Any, claim: Claim, st: _State) -> bool:
+    async def _renew_statement(self, conn: Any, claim: Claim, st: _State) -> int:
+        """1 held, 0 gone, 2 revoked."""
         async with self._guard():
-            await _run(conn, "SET SESSION wait_timeout = %s", (_seconds(claim.ttl_ms),))
+            rows = await _run(
+                conn,
+                "SET SESSION wait_timeout = %s; SELECT EXISTS (SELECT 1 FROM aiolock_holders"
+                " WHERE family = %s AND name = %s AND slot = 0 AND owner = %s)",
+                (_seconds(claim.ttl_ms), claim.kind.family, _name(claim.name), claim.owner),
+            )
         # the server's status flag: our transaction (and so its row lock) is still open
-        return bool(conn.get_transaction_status())
+        if not conn.get_transaction_status():
+            return 0
+        return 1 if rows[0][0] else 2
 
     async def _unlock(self, conn: Any, claim: Claim, st: _State) -> bool:
         held = bool(conn.get_transaction_status())
@@ -962,15 +1036,16 @@ class MySQLRowBackend(MySQLBackend):
             "  LOCK IN SHARE MODE SKIP LOCKED) AS f) INTO @aiolock_exists, @aiolock_free;"
             " ROLLBACK;"
             " SELECT @aiolock_exists, @aiolock_free, t.token, h.token, h.ttl_ms, " + self._idle_ms
-            + ", p.COMMAND"
+            + ", p.COMMAND, h.info, TIMESTAMPDIFF(MICROSECOND, h.since, NOW(6)) / 1e6"
             " FROM (SELECT 1) AS one"
             " LEFT JOIN aiolock_tokens t ON t.family = %s AND t.name = %s"
             " LEFT JOIN aiolock_holders h ON h.family = %s AND h.name = %s AND h.slot = 0"
             " LEFT JOIN information_schema.PROCESSLIST p ON p.ID = h.conn",
             (family, raw, family, raw, family, raw, family, raw),
         )
-        exists, free, last, token, ttl_ms, idle_ms, command = rows[0]
+        exists, free, last, token, ttl_ms, idle_ms, command, info, since = rows[0]
         if not exists or free:
-            return LockInfo(name, False, last_token=last)
+            return LockInfo(name, False, last_token=last, family=family)
         return LockInfo(name, True, holders=1, token=token if token is not None else last,
-                        last_token=last, ttl_left=_left(ttl_ms, idle_ms, command))
+                        last_token=last, ttl_left=_left(ttl_ms, idle_ms, command), family=family,
+                        held_by=(_holder(info, since),) if ttl_ms is not None else ())
