@@ -323,7 +323,7 @@ class MySQLBackend(Backend):
     schemes: ClassVar[tuple[str, ...]] = ("mysql", "mariadb")
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.SEMAPHORE, Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED,
-         Capability.HOLDERS, Capability.SCAN, Capability.REVOKE}
+         Capability.HOLDERS, Capability.SCAN, Capability.REVOKE, Capability.ELECTION}
     )
 
     def __init__(
@@ -354,6 +354,9 @@ class MySQLBackend(Backend):
         #: clean-ups in flight by (family, name): inspect() waits for them, so that a
         #: status() read after a lost lease was given back does not see it still held
         self._pending: dict[tuple[str, str], set[asyncio.Task[Any]]] = {}
+        #: listeners of elections by name (observers, campaigners): woken when this
+        #: backend grants, proclaims or gives back a leadership; others poll (ttl/2)
+        self._elections: dict[str, set[Waiter]] = {}
         self._closed = False
 
     @classmethod
@@ -555,6 +558,7 @@ class MySQLBackend(Backend):
         st.op = op = self._spawn(self._attempt(claim, st))
         granted = await asyncio.shield(op)  # a cancel lets it finish; abandon() cleans up
         if granted:
+            self._signal(claim)
             return Granted(st.token, claim.ttl_ms)
         retry = claim.ttl_ms / 1000
         if claim.kind is Kind.PERMIT:
@@ -642,8 +646,9 @@ class MySQLBackend(Backend):
     async def _confirm(self, claim: Claim, st: _State) -> Granted | Busy:
         """A claim granted earlier (e.g. by its wait): restart its expiry, give it out."""
         ms = await self._renew_one(claim, st)
-        if ms is None:
+        if ms is None or ms == REVOKED:
             return Busy(0.001)  # the grant died before we could take it: ask again
+        self._signal(claim)
         return Granted(st.token, ms)
 
     async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
@@ -690,6 +695,12 @@ class MySQLBackend(Backend):
         return await asyncio.shield(st.release)
 
     async def _release(self, claim: Claim, st: _State) -> bool:
+        try:
+            return await self._release_now(claim, st)
+        finally:
+            self._signal(claim)
+
+    async def _release_now(self, claim: Claim, st: _State) -> bool:
         if st.op is not None and not st.op.done():
             await asyncio.wait([st.op])
         async with st.mutex:
@@ -734,6 +745,12 @@ class MySQLBackend(Backend):
         await asyncio.shield(st.cleanup)
 
     async def _abandon(self, claim: Claim, st: _State) -> None:
+        try:
+            await self._abandon_now(claim, st)
+        finally:
+            self._signal(claim)
+
+    async def _abandon_now(self, claim: Claim, st: _State) -> None:
         await self._drop_wait(claim, st)
         if st.op is not None and not st.op.done():
             await asyncio.wait([st.op])
@@ -759,13 +776,22 @@ class MySQLBackend(Backend):
 
     async def listen(self, name: str, kind: Kind, waiter: Waiter) -> None:
         """Locks wait in the server's queue (started by the next ``try_acquire``);
-        semaphore waiters poll (and are woken by local releases)."""
+        semaphore waiters poll (and are woken by local releases); election listeners
+        are woken by this backend's own grants, proclaims and releases."""
         self._state(waiter.claim).waiter = waiter
+        if kind is Kind.LEADER:
+            self._elections.setdefault(name, set()).add(waiter)
 
     def unlisten(self, name: str, kind: Kind, waiter: Waiter) -> None:
         st = self._state(waiter.claim)
         if st.waiter is waiter:
             st.waiter = None
+        if kind is Kind.LEADER:
+            waiters = self._elections.get(name)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._elections[name]
         if st.wait is not None and (st.cleanup is None or st.cleanup.done()):
             # a wait nobody will take any more: end it, free what it may have got
             st.cleanup = self._spawn(self._drop_wait(waiter.claim, st))
@@ -780,6 +806,33 @@ class MySQLBackend(Backend):
         if not wait.cancelled() and wait.exception() is None and wait.result() is not None:
             conn, slot, _token = wait.result()
             await self._cleanup(claim, _State(st.keys, conn=conn, slot=slot))
+
+    def _signal(self, claim: Claim) -> None:
+        """Wake this backend's listeners of an election whose leadership changed."""
+        if claim.kind is Kind.LEADER:
+            for waiter in list(self._elections.get(claim.name, ())):
+                if waiter.claim is not claim:
+                    waiter.wake()
+
+    async def set_info(self, claim: Claim) -> bool:
+        """Store the held ``claim``'s new holder record (a proclaim); False if not held."""
+        st = self._state(claim)
+        async with st.mutex:
+            conn = st.conn
+            if conn is None or st.abandoned or not _alive(conn):
+                return False
+            async with self._guard():
+                rows = await _run(
+                    conn,
+                    "UPDATE aiolock_holders SET info = %s WHERE family = %s AND name = %s"
+                    " AND slot = %s AND owner = %s; SELECT IS_USED_LOCK(%s) <=> CONNECTION_ID()"
+                    " AND EXISTS (SELECT 1 FROM aiolock_holders WHERE family = %s AND name = %s"
+                    " AND slot = %s AND owner = %s)",
+                    (claim.info, claim.kind.family, _name(claim.name), st.slot, claim.owner,
+                     st.keys[st.slot], claim.kind.family, _name(claim.name), st.slot, claim.owner),
+                )
+        self._signal(claim)
+        return bool(rows[0][0] == 1)
 
     async def _settle(self, family: str, name: str) -> None:
         """Wait (bounded) for this backend's own clean-ups of ``name`` in flight."""
