@@ -28,10 +28,20 @@ How it works
   connection on the server with ``KILL CONNECTION`` (and waits until it is gone), so a
   cancelled wait can never be granted later. Semaphore waiters cannot wait for "any slot":
   they retry every ``poll_interval`` (default 0.5 s), or at once on a local release.
+* **Holders, scan, revoke, elections**: ``aiolock_holders`` keeps each held claim's
+  holder record (``info``), its session id and its grant time (server clock). ``scan``
+  reads the names of the holder rows with a ``LIKE`` prefix and checks each one live;
+  ``force_release`` deletes the holder rows, and each revoked holder's next renewal
+  (within ``ttl/3``) finds its row gone, answers ``REVOKED`` and gives the lock back (no
+  ``KILL`` of another session: that would need its account or ``CONNECTION ADMIN``). An
+  election is a ``GET_LOCK`` of the family ``elect``; ``proclaim`` updates the holder row
+  on the holding connection. Observers are woken by this backend's own grants, proclaims
+  and releases and otherwise poll every ``ttl/2`` (there is no ``NOTIFY`` in MySQL).
 * **Row mode** (``?mode=row``, :class:`MySQLRowBackend`): the ``SELECT ... FOR UPDATE``
   row lock of the design notes. The claim's connection keeps a transaction open on one
   row of ``aiolock_rows`` (``FOR UPDATE NOWAIT`` to try, plain ``FOR UPDATE`` to wait);
-  the token is committed on another connection. ``lock()`` only.
+  the token is committed on another connection. ``lock()`` only (with holders, scan and
+  revoke; no elections).
 
 Guarantees and limits
 ---------------------
@@ -48,7 +58,12 @@ Guarantees and limits
 * Each held lease and each waiting head costs one server connection. Named locks need a
   direct session: a proxy that multiplexes statements over shared connections breaks them.
 * Cancelling a waiting claim issues ``KILL CONNECTION`` on the waiter's own connection:
-  allowed for the same account without extra privileges.
+  allowed for the same account without extra privileges. Privileges needed: ``CREATE``
+  (first use, or create the three tables beforehand), ``SELECT``, ``INSERT``, ``UPDATE``,
+  ``DELETE`` on the database.
+* Tested on MariaDB 10.11; MySQL 8 differences handled (``PROCESSLIST.TIME`` instead of
+  ``TIME_MS``, ``NOWAIT`` error 3572) but not tested here. Row mode's ``inspect`` uses
+  ``LOCK IN SHARE MODE SKIP LOCKED`` (MariaDB 10.6+).
 
 Options (URL query or keyword): ``connect_timeout`` (s, 5), ``request_timeout`` (s, 5),
 ``max_connections`` (50), ``pool_timeout`` (s, defaults to ``connect_timeout``),
