@@ -1,5 +1,5 @@
 """Fixtures for the adversarial coordination tests: the backends that declare the
-coordination capabilities today (memory, PostgreSQL advisory, PostgreSQL row mode), each
+coordination capabilities today (memory, PostgreSQL and MySQL/MariaDB, each mode), each
 on the real servers that ``tests/conftest.py`` starts. Backends without a capability skip
 (or must refuse with ``ValueError``)."""
 
@@ -12,9 +12,10 @@ import pytest
 
 import aiolock
 
+from ..mysql_server import MariaDBServer
 from ..pg_server import PostgresServer
 
-COORD_BACKENDS = ["memory", "postgres", "postgres-row"]
+COORD_BACKENDS = ["memory", "postgres", "postgres-row", "mysql", "mysql-row"]
 
 
 @pytest.fixture
@@ -26,6 +27,9 @@ def pg_url(postgres_server: PostgresServer) -> str:
 def coord_url(request: pytest.FixtureRequest) -> str:
     if request.param == "memory":
         return f"memory://adv-{uuid.uuid4().hex[:8]}"
+    if request.param.startswith("mysql"):
+        my: MariaDBServer = request.getfixturevalue("mysql_server")
+        return my.url + ("?mode=row" if request.param == "mysql-row" else "")
     pg: PostgresServer = request.getfixturevalue("postgres_server")
     return pg.url + ("?mode=row" if request.param == "postgres-row" else "")
 
@@ -36,11 +40,14 @@ async def coord(coord_url: str) -> AsyncIterator[aiolock.Locks]:
         yield conn
 
 
-@pytest.fixture(params=["memory", "postgres"])
+@pytest.fixture(params=["memory", "postgres", "mysql"])
 def elect_url(request: pytest.FixtureRequest) -> str:
     """Backends that declare ELECTION (checked in the tests)."""
     if request.param == "memory":
         return f"memory://adv-{uuid.uuid4().hex[:8]}"
+    if request.param == "mysql":
+        my: MariaDBServer = request.getfixturevalue("mysql_server")
+        return my.url
     pg: PostgresServer = request.getfixturevalue("postgres_server")
     return pg.url
 
