@@ -60,7 +60,7 @@ class Proc:
 
 async def test_at_most_one_leader_across_processes(pg_url: str) -> None:
     name = f"adv-el-{uuid.uuid4().hex[:8]}"
-    procs = [Proc(pg_url, name, 2.0, f"p{i}", tasks=2, hold=0.02, duration=4) for i in range(3)]
+    procs = [Proc(pg_url, name, 2.0, f"p{i}", tasks=2, hold=0.02, duration=2.5) for i in range(3)]
     try:
         for pr in procs:
             await asyncio.to_thread(pr.p.wait, 40)

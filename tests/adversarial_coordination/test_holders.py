@@ -42,37 +42,41 @@ async def test_default_data_is_empty_string(coord: aiolock.Locks, name: str) -> 
         assert h.data == ""
 
 
-@pytest.mark.parametrize("data", ["a\x00b", "\x00", "tab\tnew\nline\r", "'; DROP TABLE x; --", "\\x00%_"])
-async def test_awkward_data_roundtrips_or_is_refused(coord: aiolock.Locks, name: str, data: str) -> None:
+AWKWARD = ["a\x00b", "\x00", "tab\tnew\nline\r", "'; DROP TABLE x; --", "\\x00%_"]
+BAD = ["x" * 1025, "\ud800", "ok\udfffok", 7, b"bytes", None, ["l"]]
+
+
+async def test_awkward_data_roundtrips_or_is_refused(coord: aiolock.Locks, name: str) -> None:
     """Any str <= 1024 chars is data: it comes back exactly, or (NUL) is refused with
     ValueError up front -- never a driver error."""
     need(coord, Capability.HOLDERS)
-    try:
-        lock = coord.lock(name, ttl=5, data=data)
-        lease = await lock.acquire(timeout=5)
-    except ValueError:
-        assert "\x00" in data, "only NUL may be refused"
-        return
-    try:
-        assert lease.holder.data == data
-        (h,) = (await coord.status(name)).held_by
-        assert h.data == data
-    finally:
-        await lease.release()
+    for data in AWKWARD:
+        try:
+            lock = coord.lock(name, ttl=5, data=data)
+            lease = await lock.acquire(timeout=5)
+        except ValueError:
+            assert "\x00" in data, "only NUL may be refused"
+            continue
+        try:
+            assert lease.holder.data == data
+            (h,) = (await coord.status(name)).held_by
+            assert h.data == data, (h.data, data)
+        finally:
+            await lease.release()
 
 
-@pytest.mark.parametrize("data", ["x" * 1025, "\ud800", "ok\udfffok", 7, b"bytes", None, ["l"]])
-async def test_bad_data_is_value_error_everywhere(coord: aiolock.Locks, name: str, data: object) -> None:
+async def test_bad_data_is_value_error_everywhere(coord: aiolock.Locks, name: str) -> None:
     need(coord, Capability.HOLDERS)
-    with pytest.raises(ValueError):
-        coord.lock(name, data=data)  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
-        coord.rwlock(name, data=data)  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
-        coord.semaphore(name, 2, data=data)  # type: ignore[arg-type]
-    if Capability.ELECTION in coord.capabilities:
+    for data in BAD:
         with pytest.raises(ValueError):
-            coord.election(name).campaign(data=data)  # type: ignore[arg-type]
+            coord.lock(name, data=data)  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            coord.rwlock(name, data=data)  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            coord.semaphore(name, 2, data=data)  # type: ignore[arg-type]
+        if Capability.ELECTION in coord.capabilities:
+            with pytest.raises(ValueError):
+                coord.election(name).campaign(data=data)  # type: ignore[arg-type]
 
 
 async def test_data_of_exactly_1024_chars_is_accepted(coord: aiolock.Locks, name: str) -> None:
@@ -128,27 +132,22 @@ async def test_since_is_monotone_and_sensible(coord: aiolock.Locks, name: str) -
     need(coord, Capability.HOLDERS)
     async with coord.lock(name, ttl=5):
         (a,) = (await coord.status(name)).held_by
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(0.4)
         (b,) = (await coord.status(name)).held_by
     assert a.since is not None and b.since is not None
     assert 0 <= a.since < 1.0
-    assert b.since >= a.since + 0.4, (a.since, b.since)
+    assert b.since >= a.since + 0.3, (a.since, b.since)
     assert b.since < a.since + 2.0
-
-
-async def test_since_restarts_for_the_next_holder(coord: aiolock.Locks, name: str) -> None:
-    need(coord, Capability.HOLDERS)
+    # the next holder's since starts again
     async with coord.lock(name, ttl=5):
-        await asyncio.sleep(0.6)
-    async with coord.lock(name, ttl=5):
-        (h,) = (await coord.status(name)).held_by
-        assert h.since is not None and h.since < 0.5
+        (c,) = (await coord.status(name)).held_by
+        assert c.since is not None and c.since < 0.3, c
 
 
 async def test_expired_holder_is_not_listed(coord: aiolock.Locks, name: str) -> None:
     need(coord, Capability.HOLDERS)
-    lease = await coord.lock(name, ttl=0.5, watchdog=False).acquire()
-    await asyncio.sleep(1.0)
+    lease = await coord.lock(name, ttl=0.3, watchdog=False).acquire()
+    await asyncio.sleep(0.6)
     assert lease.lost
     info = await coord.status(name)
     assert info.held_by == () or not info.held, info

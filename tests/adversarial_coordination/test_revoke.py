@@ -86,6 +86,7 @@ async def test_revoke_free_name_is_false(coord: aiolock.Locks, name: str) -> Non
         assert await coord.semaphore(name + "s", 3).force_release() is False
 
 
+@pytest.mark.slow
 async def test_revoke_twice_second_is_false(coord: aiolock.Locks, name: str) -> None:
     need(coord, Capability.REVOKE)
     lease = await coord.lock(name, ttl=TTL, on_lost="raise").acquire()
@@ -107,20 +108,15 @@ async def test_revoke_twice_second_is_false(coord: aiolock.Locks, name: str) -> 
 async def test_tokens_increase_across_many_revocations(
         coord: aiolock.Locks, coord_url: str, name: str, request: pytest.FixtureRequest) -> None:
     need(coord, Capability.REVOKE)
-    if coord_url.startswith("mysql") and coord_url.endswith("mode=row"):
-        request.applymarker(pytest.mark.xfail(reason=ROW_REVOKE, strict=True))
     tokens = []
-    stale = []
     for i in range(5):
         # each in its own task: the revoked holder learns only at its next renewal
         lease = await asyncio.create_task(
             coord.lock(name, ttl=TTL, on_lost="raise").acquire(timeout=5), name=f"h{i}")
         tokens.append(lease.token)
         assert await coord.lock(name).force_release()
-        stale.append(lease)
+        await lease.release()  # the revoked holder's late release: harmless
     assert tokens == sorted(set(tokens)), tokens
-    for lease in stale:
-        await lease.release()
     fresh = await coord.lock(name, ttl=TTL).acquire(timeout=5)
     assert fresh.token > tokens[-1]
     await fresh.release()
@@ -240,7 +236,7 @@ async def test_local_waiter_gets_revoked_lock_at_next_renewal(
     need(coord, Capability.REVOKE)
     if not coord_url.startswith("memory"):
         request.applymarker(pytest.mark.xfail(reason=LOCAL_WAITER, strict=True))
-    ttl = 3.0
+    ttl = 2.4
     a = await asyncio.create_task(coord.lock(name, ttl=ttl, on_lost="raise").acquire())
     waiter = asyncio.create_task(coord.lock(name, ttl=ttl).acquire(timeout=3 * ttl))
     await asyncio.sleep(0.1)
