@@ -56,3 +56,13 @@ def elect_url(request: pytest.FixtureRequest) -> str:
 async def elocks(elect_url: str) -> AsyncIterator[aiolock.Locks]:
     async with aiolock.connect(elect_url) as conn:
         yield conn
+
+
+@pytest.fixture(params=["postgres", "mysql"])
+def shared_url(request: pytest.FixtureRequest) -> str:
+    """A server-backed ELECTION backend, shared across processes."""
+    if request.param == "mysql":
+        my: MariaDBServer = request.getfixturevalue("mysql_server")
+        return my.url
+    pg: PostgresServer = request.getfixturevalue("postgres_server")
+    return pg.url

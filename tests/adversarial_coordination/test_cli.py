@@ -267,3 +267,17 @@ async def test_ls_text_one_line_per_name(pg_url: str) -> None:
         code, out, err = await cli("ls", "--url", pg_url, p)
         assert code == 0, err
         assert len(out.strip().splitlines()) == 2, out
+
+
+async def test_unreachable_server_exit_69_and_missing_url_exit_2() -> None:
+    dead = "postgresql://postgres@127.0.0.1:1/aiolock?connect_timeout=1"
+    for args in (["ls", "--url", dead], ["revoke", "--url", dead, "n"],
+                 ["elect", "--url", dead, "--timeout", "2", "n", "--", "true"]):
+        code, out, err = await cli(*args, timeout=30)
+        assert code == 69, (args, code, out, err)
+        no_traceback(err)
+    for args in (["ls"], ["revoke", "n"], ["elect", "n", "--", "true"]):
+        code, out, err = await cli(*args)
+        assert code == 2, (args, code, out, err)
+        assert "AIOLOCK_URL" in err or "--url" in err, err
+        no_traceback(err)

@@ -58,9 +58,9 @@ class Proc:
         self.t.join(5)
 
 
-async def test_at_most_one_leader_across_processes(pg_url: str) -> None:
+async def test_at_most_one_leader_across_processes(shared_url: str) -> None:
     name = f"adv-el-{uuid.uuid4().hex[:8]}"
-    procs = [Proc(pg_url, name, 2.0, f"p{i}", tasks=2, hold=0.02, duration=2.5) for i in range(3)]
+    procs = [Proc(shared_url, name, 2.0, f"p{i}", tasks=2, hold=0.02, duration=2.5) for i in range(3)]
     try:
         for pr in procs:
             await asyncio.to_thread(pr.p.wait, 40)
@@ -85,17 +85,17 @@ async def test_at_most_one_leader_across_processes(pg_url: str) -> None:
         assert t2 > t1, f"term {t2} began after term {t1}"
 
 
-async def test_killed_leader_replaced_quickly(pg_url: str) -> None:
+async def test_killed_leader_replaced_quickly(shared_url: str) -> None:
     name = f"adv-el-{uuid.uuid4().hex[:8]}"
-    a = Proc(pg_url, name, 2.0, "a")
+    a = Proc(shared_url, name, 2.0, "a")
     b = None
     try:
         lead_a = await asyncio.to_thread(a.wait_line, "LEAD", 20)
-        b = Proc(pg_url, name, 2.0, "b")
+        b = Proc(shared_url, name, 2.0, "b")
         await asyncio.to_thread(b.wait_line, "READY", 20)
         await asyncio.sleep(0.5)
         assert not any(x.startswith("LEAD") for x in b.lines)
-        async with aiolock.connect(pg_url) as locks:
+        async with aiolock.connect(shared_url) as locks:
             el = locks.election(name, ttl=2.0)
             ldr = await el.leader()
             assert ldr is not None and ldr.data == "a-0" and ldr.holder.pid == a.p.pid
@@ -114,14 +114,14 @@ async def test_killed_leader_replaced_quickly(pg_url: str) -> None:
             b.kill()
 
 
-async def test_sigstopped_leader_loses_and_is_cancelled_on_wake(pg_url: str) -> None:
+async def test_sigstopped_leader_loses_and_is_cancelled_on_wake(shared_url: str) -> None:
     ttl = 1.5
     name = f"adv-el-{uuid.uuid4().hex[:8]}"
-    a = Proc(pg_url, name, ttl, "a")
+    a = Proc(shared_url, name, ttl, "a")
     b = None
     try:
         lead_a = await asyncio.to_thread(a.wait_line, "LEAD", 20)
-        b = Proc(pg_url, name, ttl, "b")
+        b = Proc(shared_url, name, ttl, "b")
         await asyncio.to_thread(b.wait_line, "READY", 20)
         await asyncio.sleep(0.3)
         os.kill(a.p.pid, signal.SIGSTOP)
@@ -149,12 +149,12 @@ async def test_sigstopped_leader_loses_and_is_cancelled_on_wake(pg_url: str) -> 
 
 
 @pytest.mark.slow
-async def test_many_processes_churn_and_observer_settles(pg_url: str) -> None:
+async def test_many_processes_churn_and_observer_settles(shared_url: str) -> None:
     """Observers in this process follow a churning multi-process election and settle on
     the truth after it stops."""
     name = f"adv-el-{uuid.uuid4().hex[:8]}"
     ttl = 1.0
-    async with aiolock.connect(pg_url) as locks:
+    async with aiolock.connect(shared_url) as locks:
         el = locks.election(name, ttl=ttl)
         seen: list[aiolock.Leader | None] = []
 
@@ -163,11 +163,11 @@ async def test_many_processes_churn_and_observer_settles(pg_url: str) -> None:
                 seen.append(ldr)
 
         w = asyncio.create_task(watch())
-        procs = [Proc(pg_url, name, ttl, f"p{i}", tasks=3, hold=0.01, duration=3) for i in range(3)]
+        procs = [Proc(shared_url, name, ttl, f"p{i}", tasks=3, hold=0.01, duration=3) for i in range(3)]
         try:
             for pr in procs:
                 await asyncio.to_thread(pr.p.wait, 40)
-            last = Proc(pg_url, name, ttl, "last")
+            last = Proc(shared_url, name, ttl, "last")
             await asyncio.to_thread(last.wait_line, "LEAD", 10)
             deadline = time.monotonic() + ttl + 1
             while not (seen and seen[-1] is not None and seen[-1].data == "last-0"):
