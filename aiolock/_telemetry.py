@@ -70,11 +70,12 @@ import asyncio
 import functools
 import importlib
 import importlib.util
+import inspect
 import logging
 import os
 import time
 from collections.abc import Callable, Coroutine, Iterable
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 from .errors import LockTimeout
 
@@ -130,6 +131,9 @@ class _OTel:
         self._metrics_mod = importlib.import_module("opentelemetry.metrics._internal")
         self._trace_mod = trace
         self._fast = hasattr(self._metrics_mod, "_METER_PROVIDER") and hasattr(trace, "_TRACER_PROVIDER")
+        if self._fast:
+            global _mm, _tm
+            _mm, _tm = self._metrics_mod, trace
         # a provider named by environment variable is loaded by the first get_*_provider()
         if "OTEL_PYTHON_METER_PROVIDER" in os.environ:
             metrics.get_meter_provider()
@@ -174,6 +178,25 @@ class _OTel:
 
 
 _otel: _OTel | None = None
+
+
+class _Unknown:
+    """Stands for the API's modules until they are loaded: "maybe set" (ask _get())."""
+
+    _METER_PROVIDER = _TRACER_PROVIDER = True
+
+
+class _Off:
+    """Stands for them when OpenTelemetry is not installed: "never set"."""
+
+    _METER_PROVIDER = _TRACER_PROVIDER = None
+
+
+#: the modules holding the API's global providers, read by the hot paths' first check:
+#: ``_mm._METER_PROVIDER is None`` means surely no SDK meter provider (and the like for
+#: ``_tm``, tracer); anything else means ask ``_get()``
+_mm: Any = _Unknown if AVAILABLE else _Off
+_tm: Any = _Unknown if AVAILABLE else _Off
 #: leases held and acquisitions waiting now, by (backend, kind): counted while an SDK
 #: meter provider is set, observed by the SDK when it collects
 HELD: dict[tuple[str, str], int] = {}
@@ -243,24 +266,27 @@ def acquire_span(
     if not AVAILABLE:
         return func
 
-    @functools.wraps(func)
-    def acquire(self: LockT, /, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
+    default = inspect.signature(func).parameters["timeout"].default
+    call: Any = func
+
+    # acquire(self, timeout) exactly, not (*args, **kwargs): the cheapest call there is
+    def acquire(self: Any, timeout: Any = default) -> Coroutine[Any, Any, R]:
+        if _mm._METER_PROVIDER is None and _tm._TRACER_PROVIDER is None:
+            return call(self, timeout)  # type: ignore[no-any-return]  # no extra frame
         otel = _otel or _get()
         assert otel is not None
         measure = otel.metrics_on()
         trace = otel.traces_on()
         if not (measure or trace):
-            return func(self, *args, **kwargs)  # the coroutine itself: no extra frame
-        return _traced_acquire(otel, measure, trace, func, self, *args, **kwargs)
+            return call(self, timeout)  # type: ignore[no-any-return]
+        return _traced_acquire(otel, measure, trace, func, self, timeout)
 
-    return acquire
+    functools.update_wrapper(acquire, func)
+    return cast("Callable[Concatenate[LockT, P], Coroutine[Any, Any, R]]", acquire)
 
 
-async def _traced_acquire(
-    otel: _OTel, measure: bool, trace: bool,
-    func: Callable[Concatenate[LockT, P], Coroutine[Any, Any, R]], lock: LockT, /,
-    *args: P.args, **kwargs: P.kwargs,
-) -> R:
+async def _traced_acquire(otel: _OTel, measure: bool, trace: bool, func: Any, lock: Lock, /,
+                          *args: Any, **kwargs: Any) -> Any:
     backend = _scheme(lock._locks.backend)
     kind = lock.kind.value
     start = time.perf_counter()
@@ -305,6 +331,8 @@ def waiting(
 
     @functools.wraps(func)
     def wait(self: LockT, /, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
+        if _mm._METER_PROVIDER is None:
+            return func(self, *args, **kwargs)
         otel = _otel or _get()
         assert otel is not None
         if not otel.metrics_on():
@@ -333,21 +361,22 @@ def release_span(
     if not AVAILABLE:
         return func
 
-    @functools.wraps(func)
-    def release(self: LeaseT, /, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
+    call: Any = func
+
+    def release(self: Any) -> Coroutine[Any, Any, R]:  # _release(self) exactly
+        if _tm._TRACER_PROVIDER is None:
+            return call(self)  # type: ignore[no-any-return]
         otel = _otel or _get()
         assert otel is not None
         if not otel.traces_on():
-            return func(self, *args, **kwargs)
-        return _traced_release(otel, func, self, *args, **kwargs)
+            return call(self)  # type: ignore[no-any-return]
+        return _traced_release(otel, func, self)
 
-    return release
+    functools.update_wrapper(release, func)
+    return cast("Callable[Concatenate[LeaseT, P], Coroutine[Any, Any, R]]", release)
 
 
-async def _traced_release(
-    otel: _OTel, func: Callable[Concatenate[LeaseT, P], Coroutine[Any, Any, R]], lease: LeaseT, /,
-    *args: P.args, **kwargs: P.kwargs,
-) -> R:
+async def _traced_release(otel: _OTel, func: Any, lease: Lease, /, *args: Any, **kwargs: Any) -> Any:
     hold = lease._hold
     with otel.tracer.start_as_current_span(
         "aiolock.release", attributes={
@@ -371,6 +400,8 @@ def hold_started(hold: _Hold) -> None:
     if lease_log.isEnabledFor(_DEBUG):
         lease_log.debug("acquired %r (%s) token %d, ttl %.3g s", hold.claim.name, hold.claim.kind.value,
                         hold.token, hold.ttl)
+    if _mm._METER_PROVIDER is None:
+        return
     otel = _otel or _get()
     if otel is not None and otel.metrics_on():
         key = (_scheme(hold.session.backend), hold.claim.kind.value)
@@ -386,6 +417,8 @@ def hold_ended(hold: _Hold) -> None:
     elif lease_log.isEnabledFor(_DEBUG):
         lease_log.debug("released %r token %d after %.3f s", hold.claim.name, hold.token,
                         time.monotonic() - hold.since)
+    if _mm._METER_PROVIDER is None:
+        return
     otel = _otel or _get()
     if otel is not None and otel.metrics_on():
         _ended(otel, hold, "closed" if closed else None)
@@ -393,6 +426,8 @@ def hold_ended(hold: _Hold) -> None:
 
 def hold_lost(hold: _Hold, reason: str) -> None:
     """A hold was lost (``_Hold.mark_lost``; the WARNING is logged there)."""
+    if _mm._METER_PROVIDER is None:
+        return
     otel = _otel or _get()
     if otel is not None and otel.metrics_on():
         _ended(otel, hold, loss_outcome(reason))
@@ -426,6 +461,8 @@ def renewed(backend: Backend, count: int, sent: float) -> None:
     elapsed = time.monotonic() - sent
     if watchdog_log.isEnabledFor(_DEBUG):
         watchdog_log.debug("renewed %d lease(s) in %.1f ms", count, elapsed * 1000)
+    if _mm._METER_PROVIDER is None:
+        return
     otel = _otel or _get()
     if otel is not None and otel.metrics_on():
         otel.renewal_duration.record(elapsed, _backend_attrs(_scheme(backend)))
@@ -438,6 +475,8 @@ def renewal_failed(backend: Backend, holds: list[_Hold], sent: float, exc: BaseE
     left = min((hold.expires_at - now for hold in holds), default=0.0)
     watchdog_log.info("renewal of %d lease(s) failed (%s); retrying, the first expires in %.1f s",
                       len(holds), exc, left)
+    if _mm._METER_PROVIDER is None:
+        return
     otel = _otel or _get()
     if otel is not None and otel.metrics_on():
         otel.renewal_duration.record(now - sent, _backend_attrs(_scheme(backend)))
