@@ -141,15 +141,15 @@ class _OTel:
             trace.get_tracer_provider()
         meter = metrics.get_meter(SCOPE, __version__)
         self.tracer = trace.get_tracer(SCOPE, __version__)
-        self.acquire_duration = meter.create_histogram(
-            "aiolock.acquire.duration", unit="s",
-            description="Time from acquire() to its end (granted, timeout, error, cancelled)",
+        self.acquire_duration = _histogram(
+            meter, "aiolock.acquire.duration", SHORT,
+            "Time from acquire() to its end (granted, timeout, error, cancelled)",
         )
-        self.hold_duration = meter.create_histogram(
-            "aiolock.hold.duration", unit="s", description="Time a lease was held, to its release or loss",
+        self.hold_duration = _histogram(
+            meter, "aiolock.hold.duration", LONG, "Time a lease was held, to its release or loss",
         )
-        self.renewal_duration = meter.create_histogram(
-            "aiolock.renewal.duration", unit="s", description="Duration of one lease renewal request",
+        self.renewal_duration = _histogram(
+            meter, "aiolock.renewal.duration", SHORT, "Duration of one lease renewal request",
         )
         # Asynchronous up-down counters: the SDK reads these counts when it collects (a
         # synchronous add() costs as much as a whole memory:// lock cycle, twice a cycle)
@@ -175,6 +175,20 @@ class _OTel:
     def traces_on(self) -> bool:
         """An SDK tracer provider was set globally."""
         return not self._fast or self._trace_mod._TRACER_PROVIDER is not None
+
+
+#: Bucket boundaries (s) advised to the SDK (the SDK's default ones, 0-5-10-25-...-10000,
+#: are made for milliseconds): waits and requests, from 0.5 ms up; holds, from 10 ms up.
+SHORT = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+LONG = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0)
+
+
+def _histogram(meter: Any, name: str, buckets: tuple[float, ...], description: str) -> Any:
+    try:  # the advisory parameter is in opentelemetry-api >= 1.23
+        return meter.create_histogram(name, unit="s", description=description,
+                                      explicit_bucket_boundaries_advisory=list(buckets))
+    except TypeError:
+        return meter.create_histogram(name, unit="s", description=description)
 
 
 _otel: _OTel | None = None

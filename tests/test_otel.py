@@ -382,3 +382,15 @@ def test_api_without_sdk_makes_no_span() -> None:
         print("ok")
     """)
     assert out.strip() == "ok"
+
+
+async def test_duration_buckets_are_made_for_seconds(otel: Telemetry) -> None:
+    async with aiolock.connect(url()) as locks, locks.lock(NAME):
+        pass
+    data = otel.reader.get_metrics_data()
+    assert data is not None
+    bounds = {m.name: list(m.data.data_points[0].explicit_bounds)
+              for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+              if isinstance(m.data, Histogram) and m.data.data_points}
+    assert bounds["aiolock.acquire.duration"][:3] == [0.0005, 0.001, 0.0025]
+    assert bounds["aiolock.hold.duration"][-1] == 86400.0
