@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+import timeit
 from pathlib import Path
 
 MODES = ("absent", "api", "sdk-metrics", "sdk")
@@ -82,21 +83,44 @@ def _child(mode: str, url: str, seconds: float) -> None:
                     cpu = time.process_time() - cpu_start  # every thread of this process
                     return count / (now - start), count / cpu
 
+    async def hooks() -> float:
+        """What the hooks add to one cycle without an SDK, timed directly (ns): the
+        acquire() and _release() wrappers (the coroutine made and closed, wrapped vs
+        unwrapped) and the two one-attribute checks of the grant and release hooks."""
+        async with aiolock.connect(url) as locks:
+            lock = locks.lock("bench-otel-hooks", ttl=30)
+            lease = await lock.acquire()
+            pairs = [(lambda: lock.acquire().close(),
+                      lambda: aiolock.Lock.acquire.__wrapped__(lock).close()),  # type: ignore[attr-defined]
+                     (lambda: lease._release().close(),
+                      lambda: aiolock.Lease._release.__wrapped__(lease).close())]  # type: ignore[attr-defined]
+            n = 20000
+            added = 0.0
+            for wrapped, raw in pairs:
+                best = [min(timeit.repeat(f, number=n, repeat=7, timer=time.process_time)) / n
+                        for f in (wrapped, raw)]
+                added += best[0] - best[1]
+            check = min(timeit.repeat(lambda: _telemetry._mm._METER_PROVIDER is None, number=n, repeat=7,
+                                      timer=time.process_time)) / n
+            await lease.release()
+            return (added + 2 * check) * 1e9
+
     wall, cpu = asyncio.run(run())
-    print(f"{wall:.1f} {cpu:.1f}")
+    extra = asyncio.run(hooks()) if mode == "api" else float("nan")
+    print(f"{wall:.1f} {cpu:.1f} {extra:.1f}")
 
 
-def _measure(mode: str, url: str, seconds: float) -> tuple[float, float]:
+def _measure(mode: str, url: str, seconds: float) -> tuple[float, float, float]:
     out = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--url", url,
          "--seconds", str(seconds)],
         check=True, capture_output=True, text=True,
     )
-    wall, cpu = out.stdout.split()
-    return float(wall), float(cpu)
+    wall, cpu, hooks = out.stdout.split()
+    return float(wall), float(cpu), float(hooks)
 
 
-def _report(url: str, results: dict[str, list[tuple[float, float]]]) -> None:
+def _report(url: str, results: dict[str, list[tuple[float, float, float]]]) -> None:
     runs = len(results["absent"])
     print(f"\n{url}: median [min - max] over {runs} runs; cost = the medians' drop vs absent")
     print(f"  {'setup':<12} {'cycles per CPU second':>36}   {'cycles per wall second':>36}")
@@ -109,6 +133,10 @@ def _report(url: str, results: dict[str, list[tuple[float, float]]]) -> None:
             cost = "" if mode == "absent" else f"{100 * (base[i] - med) / base[i]:+.1f} %"
             cells.append(f"{med:>8,.0f} [{min(values):>7,.0f} - {max(values):>7,.0f}] {cost:>8}")
         print(f"  {mode:<12} {cells[0]}   {cells[1]}")
+    hooks = statistics.median(r[2] for r in results["api"])
+    per_cycle = 1e9 / base[1]
+    print(f"  api hooks timed directly: {hooks:.0f} ns per cycle = {100 * hooks / per_cycle:.2f} % of an "
+          f"absent cycle ({per_cycle / 1000:.1f} us of CPU)")
 
 
 def main() -> int:
@@ -132,7 +160,7 @@ def main() -> int:
         urls.append(server.url)
     try:
         for url in urls:
-            results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
+            results: dict[str, list[tuple[float, float, float]]] = {mode: [] for mode in MODES}
             for i in range(args.runs):
                 order = MODES[i % len(MODES):] + MODES[: i % len(MODES)]
                 for mode in order:
