@@ -184,7 +184,7 @@ LONG = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 
 
 
 def _histogram(meter: Any, name: str, buckets: tuple[float, ...], description: str) -> Any:
-    try:  # the advisory parameter is in opentelemetry-api >= 1.23
+    try:  # the advisory parameter is in opentelemetry-api >= 1.23 (our floor); kept defensive
         return meter.create_histogram(name, unit="s", description=description,
                                       explicit_bucket_boundaries_advisory=list(buckets))
     except TypeError:
