@@ -5,10 +5,12 @@ implementation runs in the same run, against one private standalone ZooKeeper st
 here (``tests/zk_server.py``'s ``ZooKeeperServer``: a child process on a free loopback
 port, never a server that is already running), in P worker processes of T tasks each.
 Each task loops: acquire -> ``await asyncio.sleep(0)`` -> release (kazoo is synchronous:
-T threads on one ``KazooClient`` per process). Per scenario and implementation the
-workers start once and open their sessions (kept across runs), warm up, then do 3 timed
-runs; the tables give the median run and
-the range (min-max) of the 3.
+T threads on one ``KazooClient`` per process). In each round, each
+implementation's workers start and open their sessions, warm up, then do one timed run;
+the rounds alternate the order of the implementations (the load of a shared machine
+drifts), and the tables give the median of 3 runs and their range (min-max).
+``--grouped`` keeps one set of workers (sessions kept across runs) for 3 runs in a row
+instead, as ``bench_procs.py`` does.
 
 Columns (times on CLOCK_MONOTONIC, shared by all processes of the host):
 
@@ -31,7 +33,7 @@ Columns (times on CLOCK_MONOTONIC, shared by all processes of the host):
 Usage::
 
     .venv/bin/python benchmarks/procs_zk.py [--quick] [--only NAME,...] [--scenarios 16x1,8x4]
-                                            [--profile DIR] [--before REV]
+                                            [--profile DIR] [--before REV] [--grouped]
 
 ``--profile DIR`` runs the asyncio workers (aiolock, aiozk) under ``cProfile`` and
 writes one ``<scenario>-<impl>-<pid>.prof`` per worker process into DIR (timed runs
@@ -366,6 +368,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--profile", help="cProfile the asyncio workers into this directory")
     ap.add_argument("--before", help="also run aiolock as of this git revision")
+    ap.add_argument("--grouped", action="store_true",
+                    help="all runs of one implementation, then the next (as bench_procs.py)")
     args = ap.parse_args()
     seconds = 1.5 if args.quick else 3.0
     impls = args.only.split(",") if args.only else list(IMPLS)
@@ -398,16 +402,30 @@ def main() -> int:
         for scenario in args.scenarios.split(","):
             nprocs, tasks = map(int, scenario.split("x"))
             print(f"## {nprocs} processes x {tasks} task(s)\n\n{HEADER}", flush=True)
+            results: dict[str, list[Run]] = {impl: [] for impl in impls}
+            failed: dict[str, str] = {}
+            # one timed run per implementation per round, the order alternating between
+            # rounds: on a shared machine the load drifts, and no implementation should
+            # always run first or last (--grouped: all runs of one, then the next)
+            rounds = [impls] if args.grouped else [
+                impls if r % 2 == 0 else impls[::-1] for r in range(args.runs)]
+            for order in rounds:
+                for impl in order:
+                    if impl in failed:
+                        continue
+                    print(f"{scenario} {impl} ...", file=sys.stderr, flush=True)
+                    profile = str(Path(args.profile) / scenario) if args.profile else ""
+                    try:
+                        results[impl] += bench(impl, server.hosts, server.port, nprocs, tasks,
+                                               seconds, args.runs if args.grouped else 1, tmp,
+                                               profile, paths.get(impl))
+                    except Exception as exc:
+                        failed[impl] = f"{type(exc).__name__}: {exc}"
             for impl in impls:
-                print(f"{scenario} {impl} ...", file=sys.stderr, flush=True)
-                profile = str(Path(args.profile) / scenario) if args.profile else ""
-                try:
-                    runs = bench(impl, server.hosts, server.port, nprocs, tasks, seconds,
-                                 args.runs, tmp, profile, paths.get(impl))
-                except Exception as exc:
-                    print(f"| {impl} | error: {type(exc).__name__}: {exc} |", flush=True)
-                    continue
-                print(row(impl, runs), flush=True)
+                if impl in failed:
+                    print(f"| {impl} | error: {failed[impl]} |", flush=True)
+                else:
+                    print(row(impl, results[impl]), flush=True)
             print(flush=True)
     finally:
         server.close()
