@@ -147,9 +147,10 @@ async def test_each_release_wakes_one_waiting_process(
     requests = packets2 - packets - 1  # (less our own release)
     print(f"{fired} watches fired and {requests} requests for {nprocs} hand-offs")
     assert len(set(tokens)) == nprocs
-    # one per release with a successor: ours and the first P - 1 waiters' (the last one
-    # has nobody behind it)
-    assert fired == nprocs, f"{fired} watches fired for {nprocs} hand-offs"
+    # at most one per release with a successor: ours and the first P - 1 waiters' (the
+    # last one has nobody behind it); fewer only if a waiter set its watch after its
+    # predecessor was gone already (a slow machine), and it then found itself first
+    assert 1 <= fired <= nprocs, f"{fired} watches fired for {nprocs} hand-offs"
     # per hand-off: the woken waiter lists the children (1), releases (1) and closes
     # its session (1); pings of the 7 sessions may add a few
     assert requests <= 4 * nprocs, f"{requests} requests for {nprocs} hand-offs"
