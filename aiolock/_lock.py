@@ -106,11 +106,13 @@ class Lock:
             if mine is not None:
                 return self._reenter(mine)
         claim = Claim(
-            self.name, self.kind, uuid.uuid4().hex, round(self.ttl * 1000), self.fair, self.limit
+            self.name, self.kind, uuid.uuid4().hex, round(self.ttl * 1000), self.fair, self.limit,
+            waits=wait != 0,
         )
         deadline = None if wait is None else time.monotonic() + wait
         local = locks.local(self._key)
         local.users += 1
+        queued = False  # a busy attempt may have left the claim waiting on the server
         try:
             if not self.fair and local.idle(self.kind):
                 local.trying += 1
@@ -122,9 +124,10 @@ class Lock:
                     return self._grant(claim, result, sent, task)
                 if wait == 0:
                     raise self._timeout_error(wait)
+                queued = True
             elif wait == 0 and self.kind in _EXCLUSIVE and local.holds:
                 raise self._timeout_error(wait)  # held by another task here: no need to ask
-            return await self._wait(claim, deadline, local, task, wait)
+            return await self._wait(claim, deadline, local, task, wait, queued)
         finally:
             local.users -= 1
             locks.tidy(self._key)
@@ -195,10 +198,12 @@ class Lock:
 
     async def _wait(
         self, claim: Claim, deadline: float | None, local: _Local, task: asyncio.Task[Any] | None,
-        wait: float | None,
+        wait: float | None, queued: bool,
     ) -> Lease:
-        if self.fair:
-            return await self._contend(claim, deadline, local, task, wait)
+        if self.fair or (queued and local.turn.locked()):
+            # A claim the fast path left waiting on the server (registered: the server may
+            # hand it the lock) must listen at once, not queue behind a local head.
+            return await self._contend(claim, deadline, local, task, wait, queued)
         # Queue behind the other local waiters of this name; only the head contends.
         try:
             if deadline is None:
@@ -206,23 +211,29 @@ class Lock:
             else:
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     await local.turn.acquire()
-        except TimeoutError:
-            raise self._timeout_error(wait) from None
+        except BaseException as exc:
+            if queued:  # the fast path's attempt left it waiting on the server
+                await self._locks.uninterruptible(self._locks.abandon(claim))
+            if isinstance(exc, TimeoutError):
+                raise self._timeout_error(wait) from None
+            raise
         try:
-            return await self._contend(claim, deadline, local, task, wait)
+            return await self._contend(claim, deadline, local, task, wait, queued)
         finally:
             local.turn.release()
 
     async def _contend(
         self, claim: Claim, deadline: float | None, local: _Local, task: asyncio.Task[Any] | None,
-        wait: float | None,
+        wait: float | None, queued: bool,
     ) -> Lease:
         locks = self._locks
         backend = locks.backend
         waiter = LocalWaiter(claim)
-        if not self.fair:
+        head = not self.fair and local.head is None
+        if head:
             local.head = waiter
-        queued = False  # a fair claim may sit in the server's queue: abandon it on failure
+        # queued: the claim may wait on the server (any busy attempt may register it, and
+        # the server may then hand it the lock): abandon it on failure
         try:
             if wait == 0:  # one try, nothing to wait for (a fair claim may reach here)
                 queued = self.fair or self.kind is Kind.WRITE
@@ -241,15 +252,14 @@ class Lock:
                     raise self._timeout_error(wait) from None
             # Held by another task of this process: its release wakes us directly, so
             # the first attempt can wait for that. After any wake-up, always ask.
-            skip = self.kind in _EXCLUSIVE and not self.fair and local.holders > 0
+            skip = self.kind in _EXCLUSIVE and head and not queued and local.holders > 0
             while True:
                 locks.check_open()
                 if skip:
                     skip = False
                     retry_after = local.retry_after()
                 else:
-                    # a fair claim, or a waiting writer, keeps a place on the server
-                    queued = self.fair or self.kind is Kind.WRITE
+                    queued = True
                     result, sent = await self._attempt(claim, deadline, wait)
                     if isinstance(result, Granted):
                         queued = False

@@ -91,6 +91,9 @@ class Claim:
     ttl_ms: int
     fair: bool = False
     limit: int = 1
+    #: False for a single try (``timeout=0``): a backend that registers waiting claims
+    #: on the server (to wake or hand the lock to one of them) must not register it
+    waits: bool = True
     #: backend-private state (e.g. a ZooKeeper node path); the core never reads it
     state: dict[str, object] = field(default_factory=dict)
 

@@ -1,8 +1,12 @@
 """Release signals for the Redis backend: ONE pub/sub connection carries every channel.
 
-``RELEASE`` publishes on the lock's channel (payload: ``<releaser>|<next fair waiter>``).
-A release made by this process already woke its local waiter directly (see
-``aiolock._locks``), so its echo is dropped unless it names a fair waiter.
+A plain lock's ``RELEASE`` hands the lock to the next waiter on the server and publishes
+``<releaser>|<new owner>|<token>``: :class:`Signals` wakes only that owner's waiter, if
+it waits in this process (the claims this process registers as waiters are
+:attr:`Signals.claims`), and leaves the grant in its ``claim.state`` for the backend.
+Read-write locks and semaphores publish ``<releaser>|<first queued owner or ''>`` and wake
+every waiter of the channel; a release made by this process already woke its local
+waiter directly (see ``aiolock._locks``), so its echo is dropped unless it names one.
 :class:`Signals` subscribes to a channel when the first waiter of this
 backend listens to it, wakes that channel's waiters on each message, and keeps the
 subscription for :data:`IDLE_UNSUBSCRIBE` seconds after the last waiter left, so a lock
@@ -24,7 +28,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from ..abc import Waiter
+from ..abc import Claim, Waiter
 
 __all__ = ["IDLE_UNSUBSCRIBE", "Signals"]
 
@@ -48,6 +52,9 @@ class Signals:
         self._swept = time.monotonic()  # last look for idle channels
         self._rewake: set[str] = set()
         self._local_releases: set[str] = set()  # owner ids released by this process
+        #: owner id -> a claim of this process registered as a waiter on the server
+        #: (plain locks), so that a grant naming it finds it (see the module doc)
+        self.claims: dict[str, Claim] = {}
         self._background: set[asyncio.Future[None]] = set()
         self._subscribing = asyncio.Lock()
         self._closed = False
@@ -133,6 +140,31 @@ class Signals:
         self._local_releases.add(owner)
         return True
 
+    def mark(self, channel: str) -> object | None:
+        """A token for "subscribed and confirmed now", or None; see :meth:`unbroken`."""
+        confirmed = self._confirmed.get(channel)
+        return confirmed if confirmed is not None and confirmed.done() else None
+
+    def unbroken(self, channel: str, mark: object | None) -> bool:
+        """True if ``channel`` stayed subscribed, with no message possibly lost, since
+        :meth:`mark` gave ``mark`` (every break replaces the channel's future)."""
+        return mark is not None and self._confirmed.get(channel) is mark
+
+    def waiting(self, channel: str) -> list[Waiter]:
+        """The waiters of this process listening on ``channel`` now."""
+        return list(self._waiters.get(channel, ()))
+
+    def granted(self, channel: str, owner: str, token: int) -> None:
+        """A release handed the lock to ``owner`` with ``token``: if that claim waits in
+        this process, leave the grant for the backend and wake its waiter."""
+        claim = self.claims.pop(owner, None)
+        if claim is None:
+            return  # another process's claim
+        claim.state["grant"] = token
+        for waiter in self._waiters.get(channel, ()):
+            if waiter.claim is claim:
+                waiter.wake(owner)
+
     def forget_local_release(self, owner: str) -> None:
         self._local_releases.discard(owner)
 
@@ -172,6 +204,10 @@ class Signals:
             channel = _text(message["channel"])
             if kind == "message":
                 releaser, _, hint = _text(message["data"]).partition("|")
+                hint, _, token = hint.partition("|")
+                if token:  # a plain lock handed to one owner: wake only that one
+                    self.granted(channel, hint, int(token))
+                    continue
                 if releaser in self._local_releases:
                     self._local_releases.discard(releaser)
                     if not hint:
@@ -184,6 +220,8 @@ class Signals:
                     fut.set_result(None)
                 elif fut is not None:  # confirmed again: redis-py resubscribed after a
                     self._rewake.add(channel)  # silent reconnect, messages may be lost
+                    again = self._confirmed[channel] = asyncio.get_running_loop().create_future()
+                    again.set_result(None)  # a new mark: see unbroken()
                 if channel in self._rewake:  # catch releases made while we were cut off
                     self._rewake.discard(channel)
                     for waiter in list(self._waiters.get(channel, ())):
