@@ -40,7 +40,7 @@ async def run(r: Any, script: Script, k: list[str], *args: Any) -> Any:
 async def acquire(r: Any, owner: str, ttl: int = 10_000, fair: bool = False,
                   wttl: int | None = None) -> list[int]:
     return await run(r, ACQUIRE, keys("n", owner), owner, ttl, "1" if fair else "0",
-                     ttl if wttl is None else wttl)
+                     ttl if wttl is None else wttl, "inbox-" + owner)
 
 
 async def release_reply(r: Any, owner: str, abandon: bool = False, mark: int = 0,
@@ -90,7 +90,7 @@ async def test_abandon_releases_a_granted_claim(r: Any) -> None:
 async def test_release_hands_the_lock_to_the_first_live_waiter_and_says_so(r: Any) -> None:
     """Wake ONE: the release grants the next waiter and publishes one message naming it."""
     pubsub = r.pubsub()
-    await pubsub.subscribe("chan")
+    await pubsub.subscribe("inbox-b")
     await acquire(r, "a")
     await acquire(r, "dead", wttl=1)  # its place lapses in 1 ms
     await acquire(r, "gone")
@@ -109,7 +109,7 @@ async def test_release_hands_the_lock_to_the_first_live_waiter_and_says_so(r: An
         m = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
         if m:
             msgs.append(m["data"])
-    assert msgs == [b"a|b|" + token]
+    assert msgs == [b"aiolock:lock:{n}|b|" + token]  # on b's inbox only
     assert await r.lrange("aiolock:lock:{n}:q", 0, -1) == [b"c"]
     assert (await acquire(r, "b"))[:2] == [1, int(token)]  # b learns it by asking, too
     await pubsub.aclose()
@@ -195,7 +195,7 @@ async def test_fair_abandon_leaves_queue_and_wakes_next(r: Any) -> None:
 
 async def test_fair_dead_waiter_is_skipped(r: Any) -> None:
     await acquire(r, "a", fair=True)
-    await run(r, ACQUIRE, keys("n", "dead"), "dead", 10_000, "1", 1)  # place lapses in 1 ms
+    await run(r, ACQUIRE, keys("n", "dead"), "dead", 10_000, "1", 1, "i")  # lapses in 1 ms
     await acquire(r, "b", fair=True)
     import asyncio
 

@@ -1,16 +1,18 @@
 """Release signals for the Redis backend: ONE pub/sub connection carries every channel.
 
 A plain lock's ``RELEASE`` hands the lock to the next waiter on the server and publishes
-``<releaser>|<new owner>|<token>``: :class:`Signals` wakes only that owner's waiter, if
-it waits in this process (the claims this process registers as waiters are
-:attr:`Signals.claims`), and leaves the grant in its ``claim.state`` for the backend.
-Read-write locks and semaphores publish ``<releaser>|<first queued owner or ''>`` and wake
-every waiter of the channel; a release made by this process already woke its local
-waiter directly (see ``aiolock._locks``), so its echo is dropped unless it names one.
-:class:`Signals` subscribes to a channel when the first waiter of this
-backend listens to it, wakes that channel's waiters on each message, and keeps the
-subscription for :data:`IDLE_UNSUBSCRIBE` seconds after the last waiter left, so a lock
-handed from task to task does not resubscribe each time.
+``<lock key>|<new owner>|<token>`` on that waiter's *inbox*: one channel per process
+(per :class:`Signals`), through which all its plain-lock waiters listen (``listen(...,
+via=inbox)``), so only the process concerned hears it. :class:`Signals` wakes only that
+owner's waiter (the claims this process registers as waiters are :attr:`Signals.claims`)
+and leaves the grant in its ``claim.state`` for the backend. Read-write locks and
+semaphores publish ``<releaser>|<first queued owner or ''>`` on the lock's own channel and
+wake every waiter of it; a release made by this process already woke its local waiter
+directly (see ``aiolock._locks``), so its echo is dropped unless it names one.
+:class:`Signals` subscribes to a channel when the first waiter of this backend listens
+to it, and keeps the subscription for :data:`IDLE_UNSUBSCRIBE` seconds after the last
+waiter left (an inbox stays), so a lock handed from task to task does not resubscribe
+each time.
 
 A waiter only starts waiting once its subscription is confirmed, so a release after that
 is never missed while the connection is up. When the connection drops, every waiter is
@@ -55,16 +57,23 @@ class Signals:
         #: owner id -> a claim of this process registered as a waiter on the server
         #: (plain locks), so that a grant naming it finds it (see the module doc)
         self.claims: dict[str, Claim] = {}
+        self._inboxes: set[str] = set()  # channels that carry hand-offs of many locks
         self._background: set[asyncio.Future[None]] = set()
         self._subscribing = asyncio.Lock()
         self._closed = False
 
-    async def listen(self, channel: str, waiter: Waiter) -> None:
+    async def listen(self, channel: str, waiter: Waiter, via: str | None = None) -> None:
+        """Deliver ``channel``'s signals to ``waiter`` once its subscription (to ``via``,
+        an inbox, if given) is confirmed, or the request timeout passed."""
         waiters = self._waiters.get(channel)
         if waiters is None:
             waiters = self._waiters[channel] = set()
         waiters.add(waiter)
-        self._idle_since.pop(channel, None)
+        if via is None:
+            self._idle_since.pop(channel, None)
+        else:
+            self._inboxes.add(via)
+            channel = via
         confirmed = self._confirmed.get(channel)
         if confirmed is None:
             confirmed = self._confirmed[channel] = asyncio.get_running_loop().create_future()
@@ -174,7 +183,8 @@ class Signals:
             waiters.discard(waiter)
             if not waiters:
                 del self._waiters[channel]
-                self._idle_since[channel] = time.monotonic()
+                if channel in self._confirmed:  # not for a lock that listens via an inbox
+                    self._idle_since[channel] = time.monotonic()
 
     def _wake_all(self) -> None:
         for waiters in list(self._waiters.values()):
@@ -204,9 +214,9 @@ class Signals:
             channel = _text(message["channel"])
             if kind == "message":
                 releaser, _, hint = _text(message["data"]).partition("|")
-                hint, _, token = hint.partition("|")
-                if token:  # a plain lock handed to one owner: wake only that one
-                    self.granted(channel, hint, int(token))
+                if channel in self._inboxes:  # a plain lock handed to one of our claims
+                    lock, owner, token = _text(message["data"]).rsplit("|", 2)
+                    self.granted(lock, owner, int(token))
                     continue
                 if releaser in self._local_releases:
                     self._local_releases.discard(releaser)
@@ -224,6 +234,8 @@ class Signals:
                     again.set_result(None)  # a new mark: see unbroken()
                 if channel in self._rewake:  # catch releases made while we were cut off
                     self._rewake.discard(channel)
+                    if channel in self._inboxes:
+                        self._wake_all()
                     for waiter in list(self._waiters.get(channel, ())):
                         waiter.wake()
 

@@ -79,32 +79,44 @@ end
 #:
 #: A claim that will wait registers when it finds the lock busy: its owner id goes at the
 #: end of the list KEYS[3] and its *waiter key* ``<KEYS[1]>:x:<owner>`` (KEYS[5] of its
-#: own calls) holds its lease ttl in ms, expiring after the waiter ttl unless the waiter
-#: comes back (it does, every third of that). A release hands the lock straight to the
-#: first live waiter of the list -- new token, lease of that waiter's ttl -- and publishes
-#: ``<releaser>|<new owner>|<token>``: one message, one process acts on it, no retry round
-#: trip. Entries whose waiter key lapsed (a dead process) or holds a tombstone are
-#: skipped. The waiter key also holds the tombstone (``'a'``, an abandoned claim) and the
-#: release marker (``'r'``): any value that is not a number bars a grant.
+#: own calls; same hash tag, so the same cluster slot) holds ``<lease ttl ms>|<inbox>``,
+#: expiring after the waiter ttl unless the waiter comes back (it does, every third of
+#: that). A release hands the lock straight to the first live waiter of the list -- new
+#: token, lease of that waiter's ttl -- and publishes ``<KEYS[1]>|<new owner>|<token>``
+#: on that waiter's *inbox*, a pub/sub channel of its process: one message, heard by one
+#: process, no retry round trip. Entries whose waiter key lapsed (a dead process) or
+#: holds a tombstone are skipped. The waiter key also holds the tombstone (``'a'``, an
+#: abandoned claim) and the release marker (``'r'``), which bar a grant.
 #:
 #: A non-fair claim may still take a free lock at once, queue or not: that is how a
 #: process hands the lock to one of its own tasks (``RELEASE`` with ARGV[5] ``'k'``
 #: leaves it free for the local waiter whose ``ACQUIRE`` follows) -- the backend bounds
 #: how many times in a row it does that while others wait.
 #:
+#: Lua helper of ACQUIRE and RELEASE: a waiter key's value ``<lease ttl ms>|<inbox>``
+#: -> ttl, inbox; nil for anything else (none, a tombstone, a release marker).
+_WAITER = """
+local function registration(x)
+  if not x then return nil end
+  local ttl, inbox = string.match(x, '^(%d+)|(.+)$')
+  return tonumber(ttl), inbox
+end
+"""
+
 #: ACQUIRE -- grant the lock to one claim, or say how long to wait.
 #: KEYS     as in the module doc (KEYS[4] unused)
 #: ARGV[1]  owner id of the claim       ARGV[2]  lease ttl, ms
 #: ARGV[3]  "1" for a fair claim (a free lock goes to the first live waiter only)
 #: ARGV[4]  waiter ttl, ms: register as a waiter when busy (its place lapses unless it
 #:          comes back within that); "0": do not register (a single try)
+#: ARGV[5]  the waiter's inbox: the pub/sub channel of its process (registered only)
 #: returns  {1, token, ttl_ms}  granted (also if this owner already holds it)
 #:          {0, retry_ms, token} busy: retry within the holder's remaining ttl (and,
 #:                              registered, within a third of the waiter ttl); token:
 #:                              the holder's (or the counter's), which a grant message
 #:                              for this claim must exceed to be believed
 #:          {-1}                the claim was abandoned (or released)
-ACQUIRE = Script("acquire", _LIB + """
+ACQUIRE = Script("acquire", _LIB + _WAITER + """
 local me = ARGV[1]
 local lock = redis.call('hmget', KEYS[1], 'owner', 'token')
 if lock[1] == me then
@@ -115,11 +127,11 @@ local wttl = tonumber(ARGV[4])
 local retry, seen
 if not lock[1] then
   local x = redis.call('get', KEYS[5])
-  if x and not tonumber(x) then return {-1} end
+  if x and not registration(x) then return {-1} end
   local head = false
   if ARGV[3] == '1' then  -- fair: only the first live waiter may take a free lock
     head = redis.call('lindex', KEYS[3], 0)
-    while head and head ~= me and not tonumber(redis.call('get', KEYS[1] .. ':x:' .. head) or '') do
+    while head and head ~= me and not registration(redis.call('get', KEYS[1] .. ':x:' .. head)) do
       redis.call('lpop', KEYS[3])
       head = redis.call('lindex', KEYS[3], 0)
     end
@@ -141,8 +153,8 @@ else
   seen = tonumber(lock[2])
 end
 if wttl > 0 then
-  local old = redis.call('set', KEYS[5], ARGV[2], 'PX', wttl, 'GET')
-  if old and not tonumber(old) then  -- a tombstone (or release marker): put it back
+  local old = redis.call('set', KEYS[5], ARGV[2] .. '|' .. ARGV[5], 'PX', wttl, 'GET')
+  if old and not registration(old) then  -- a tombstone (or release marker): put it back
     redis.call('set', KEYS[5], old, 'PX', math.max(60000, 2 * ttl))
     return {-1}
   end
@@ -159,7 +171,7 @@ return {0, retry, seen}
 
 #: RELEASE -- give the lock back if this owner holds it, handing it to the next waiter.
 #: KEYS     as in the module doc (KEYS[4] unused)
-#: ARGV[1]  owner id     ARGV[2]  pub/sub channel of the lock
+#: ARGV[1]  owner id     ARGV[2]  unused (the lock's channel)
 #: ARGV[3]  "1" to abandon: also leave the queue and set the tombstone, which lives
 #:          ARGV[4] ms, so an ACQUIRE of this claim still in flight cannot grant; if the
 #:          lock is free, hand it to the next waiter (this claim may have been the one
@@ -169,10 +181,11 @@ return {0, retry, seen}
 #:          still returns 1
 #: ARGV[5]  "k": leave the lock free (a local waiter's ACQUIRE follows); else hand it
 #:          to the first live waiter
-#: publishes ``<releasing owner>|<new owner>|<token>`` when it handed the lock over
+#: publishes ``<KEYS[1]>|<new owner>|<token>`` on the new owner's inbox when it handed
+#:          the lock over (only that process hears it)
 #: returns  {released, new owner or '', its token or 0, queue length ('k' only)}
 #:          released: 1 if this owner held the lock (now released), else 0
-RELEASE = Script("release", _LIB + """
+RELEASE = Script("release", _LIB + _WAITER + """
 local me = ARGV[1]
 local holder = redis.call('hget', KEYS[1], 'owner')
 local released = 0
@@ -194,12 +207,12 @@ if ARGV[5] == 'k' and holder then
 end
 local next = redis.call('lpop', KEYS[3])
 while next do
-  local ttl = tonumber(redis.call('get', KEYS[1] .. ':x:' .. next) or '')
+  local ttl, inbox = registration(redis.call('get', KEYS[1] .. ':x:' .. next))
   if ttl then
     local token = redis.call('incr', KEYS[2])
     redis.call('hset', KEYS[1], 'owner', next, 'token', token)
     redis.call('pexpire', KEYS[1], ttl)
-    redis.call('publish', ARGV[2], me .. '|' .. next .. '|' .. token)
+    redis.call('publish', inbox, KEYS[1] .. '|' .. next .. '|' .. token)
     return {released, next, token, 0}
   end
   next = redis.call('lpop', KEYS[3])

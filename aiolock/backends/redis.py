@@ -26,6 +26,7 @@ import asyncio
 import functools
 import ssl
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
@@ -109,6 +110,8 @@ class RedisBackend(Backend):
         self._request_timeout = request_timeout
         self._gates: dict[tuple[str, str], _Gate] = {}  # see try_acquire
         self._streaks: dict[str, _Streak] = {}  # lock key -> local hand-offs in a row
+        #: this process's pub/sub channel for the hand-offs of plain locks (see RELEASE)
+        self.inbox = f"{prefix}:inbox:{uuid.uuid4().hex}"
         self.signals = signals if signals is not None else Signals(client, request_timeout)
 
     @classmethod
@@ -277,7 +280,7 @@ class RedisBackend(Backend):
 
     async def _try_lock(self, claim: Claim) -> Granted | Busy:
         state = claim.state
-        channel = self._base(claim.name)
+        channel = self.inbox
         token = state.pop("grant", None)
         if isinstance(token, int) and token > state.get("seen", 0):  # type: ignore[operator]
             sent = state["sent"]
@@ -301,7 +304,7 @@ class RedisBackend(Backend):
         try:
             reply = await self._run(
                 ACQUIRE, keys, claim.owner, claim.ttl_ms, "1" if claim.fair else "0",
-                claim.ttl_ms if waits else 0,
+                claim.ttl_ms if waits else 0, self.inbox,
             )
         except BaseException:
             self.signals.claims.pop(claim.owner, None)
@@ -374,7 +377,7 @@ class RedisBackend(Backend):
         self._streaks.pop(channel, None)
         for each in local:  # woken, but the lock goes to the server's next waiter
             mark = each.state.get("mark")
-            if "due" in each.state and self.signals.unbroken(channel, mark):
+            if "due" in each.state and self.signals.unbroken(self.inbox, mark):
                 each.state["fresh"] = mark  # registered: no need to ask again
         return None
 
@@ -419,7 +422,8 @@ class RedisBackend(Backend):
         return int(released)
 
     async def listen(self, name: str, kind: Kind, waiter: Waiter) -> None:
-        await self.signals.listen(self._base(name, kind), waiter)
+        via = self.inbox if kind is Kind.LOCK else None  # see RELEASE
+        await self.signals.listen(self._base(name, kind), waiter, via)
 
     def unlisten(self, name: str, kind: Kind, waiter: Waiter) -> None:
         self.signals.unlisten(self._base(name, kind), waiter)
