@@ -242,6 +242,12 @@ class Lock:
                     queued = False
                     return self._grant(claim, result, sent, task)
                 raise self._timeout_error(wait)
+            # Held by another task of this process: its release wakes us directly (or
+            # hands us the lock), so the first attempt can wait for that -- unless the
+            # fast path left this claim registered on the server. After any wake-up, ask.
+            skip = self.kind in _EXCLUSIVE and head and not queued and local.holders > 0
+            # once listening, a release in this process may hand it the lock directly
+            queued = True
             if deadline is None:
                 await backend.listen(self.name, self.kind, waiter)
             else:
@@ -250,16 +256,12 @@ class Lock:
                         await backend.listen(self.name, self.kind, waiter)
                 except TimeoutError:
                     raise self._timeout_error(wait) from None
-            # Held by another task of this process: its release wakes us directly, so
-            # the first attempt can wait for that. After any wake-up, always ask.
-            skip = self.kind in _EXCLUSIVE and head and not queued and local.holders > 0
             while True:
                 locks.check_open()
                 if skip:
                     skip = False
                     retry_after = local.retry_after()
                 else:
-                    queued = True
                     result, sent = await self._attempt(claim, deadline, wait)
                     if isinstance(result, Granted):
                         queued = False

@@ -44,9 +44,9 @@ async def acquire(r: Any, owner: str, ttl: int = 10_000, fair: bool = False,
 
 
 async def release_reply(r: Any, owner: str, abandon: bool = False, mark: int = 0,
-                        keep: bool = False) -> list[Any]:
+                        heir: str = "") -> list[Any]:
     return await run(r, RELEASE, keys("n", owner), owner, "chan", "1" if abandon else "0",
-                     60_000 if abandon else mark, "k" if keep else "h")
+                     60_000 if abandon else mark, heir, 5_000 if heir else 0)
 
 
 async def release(r: Any, owner: str, abandon: bool = False, mark: int = 0) -> int:
@@ -126,25 +126,45 @@ async def test_abandon_of_a_handed_claim_hands_it_on(r: Any) -> None:
 
 
 async def test_abandon_while_free_hands_it_to_the_next(r: Any) -> None:
-    """A release left the lock to a local waiter ('k'), which is cancelled instead: its
-    abandon hands the lock to the server's next waiter."""
-    await acquire(r, "a")
+    """The lock is free (its holder's lease lapsed) while others wait: an abandon (a
+    waiter giving up) hands it to the next live waiter rather than leave it idle."""
+    await acquire(r, "a", ttl=20)
     await acquire(r, "remote")
-    reply = await release_reply(r, "a", keep=True)
-    assert reply == [1, b"", 0, 1]  # left free; one waiter on the server
+    import asyncio
+
+    await asyncio.sleep(0.05)
     assert not await r.exists("aiolock:lock:{n}")
-    await release(r, "local", abandon=True)
+    await release(r, "leaving", abandon=True)
     assert (await r.hget("aiolock:lock:{n}", "owner")) == b"remote"
 
 
-async def test_non_fair_takes_a_free_lock_past_the_queue(r: Any) -> None:
+async def test_release_hands_it_to_a_named_local_waiter(r: Any) -> None:
+    """A local hand-off: the release names a waiting claim of its own process, which gets
+    it past the queue (told in the reply, no message); an abandoned one does not."""
+    pubsub = r.pubsub()
+    await pubsub.subscribe("inbox-remote")
     await acquire(r, "a")
     await acquire(r, "remote")
-    await release_reply(r, "a", keep=True)
-    got = await acquire(r, "local")  # the local hand-off
-    assert got[0] == 1
+    await acquire(r, "local")  # registered too: it leaves the queue when handed the lock
+    assert await release_reply(r, "a", heir="local") == [1, b"local", 2, 1]
     assert await r.lrange("aiolock:lock:{n}:q", 0, -1) == [b"remote"]
-    await release(r, "local")
+    assert 4_000 < await r.pttl("aiolock:lock:{n}") <= 5_000  # the heir's ttl
+    assert await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1) is None
+    assert (await acquire(r, "local"))[:2] == [1, 2]
+    await release(r, "gone", abandon=True)
+    assert await release_reply(r, "local", heir="gone") == [1, b"remote", 3, 0]
+    await pubsub.aclose()
+
+
+async def test_non_fair_takes_a_free_lock_past_the_queue(r: Any) -> None:
+    await acquire(r, "a", ttl=20)
+    await acquire(r, "remote")
+    import asyncio
+
+    await asyncio.sleep(0.05)  # a's lease lapsed: nobody was handed it
+    assert (await acquire(r, "newcomer"))[0] == 1
+    assert await r.lrange("aiolock:lock:{n}:q", 0, -1) == [b"remote"]
+    await release(r, "newcomer")
     assert (await r.hget("aiolock:lock:{n}", "owner")) == b"remote"
 
 

@@ -163,10 +163,11 @@ class Signals:
         """The waiters of this process listening on ``channel`` now."""
         return list(self._waiters.get(channel, ()))
 
-    def granted(self, channel: str, owner: str, token: int) -> None:
+    def granted(self, channel: str, owner: str, token: int, claim: Claim | None = None) -> None:
         """A release handed the lock to ``owner`` with ``token``: if that claim waits in
-        this process, leave the grant for the backend and wake its waiter."""
-        claim = self.claims.pop(owner, None)
+        this process (or is ``claim``), leave the grant for the backend and wake its
+        waiter."""
+        claim = self.claims.pop(owner, None) or claim
         if claim is None:
             return  # another process's claim
         claim.state["grant"] = token

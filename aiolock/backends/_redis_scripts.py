@@ -88,10 +88,10 @@ end
 #: holds a tombstone are skipped. The waiter key also holds the tombstone (``'a'``, an
 #: abandoned claim) and the release marker (``'r'``), which bar a grant.
 #:
-#: A non-fair claim may still take a free lock at once, queue or not: that is how a
-#: process hands the lock to one of its own tasks (``RELEASE`` with ARGV[5] ``'k'``
-#: leaves it free for the local waiter whose ``ACQUIRE`` follows) -- the backend bounds
-#: how many times in a row it does that while others wait.
+#: A release may instead name a waiting claim of its own process (ARGV[5]): it hands the
+#: lock to that one, queue or not, and says so in its reply (a local hand-off) -- the
+#: backend bounds how many times in a row it does that while others wait. A non-fair
+#: claim may also take a free lock at once, queue or not.
 #:
 #: Lua helper of ACQUIRE and RELEASE: a waiter key's value ``<lease ttl ms>|<inbox>``
 #: -> ttl, inbox; nil for anything else (none, a tombstone, a release marker).
@@ -179,11 +179,12 @@ return {0, retry, seen}
 #:          "0" to release: if ARGV[4] > 0, a release also leaves a marker ('r', ARGV[4]
 #:          ms) so that a repeat of it (a client that resent it after a lost reply)
 #:          still returns 1
-#: ARGV[5]  "k": leave the lock free (a local waiter's ACQUIRE follows); else hand it
-#:          to the first live waiter
+#: ARGV[5]  owner id of a waiting claim of this process to hand the lock to (unless
+#:          it was abandoned), lease ARGV[6] ms; '': hand it to the first live waiter
 #: publishes ``<KEYS[1]>|<new owner>|<token>`` on the new owner's inbox when it handed
 #:          the lock over (only that process hears it)
-#: returns  {released, new owner or '', its token or 0, queue length ('k' only)}
+#: returns  {released, new owner or '', its token or 0, queue length (after a local
+#:          hand-off; else 0)}
 #:          released: 1 if this owner held the lock (now released), else 0
 RELEASE = Script("release", _LIB + _WAITER + """
 local me = ARGV[1]
@@ -201,9 +202,15 @@ if ARGV[3] == '1' then
   if not holder then free = true end
 end
 if not free then return {released, '', 0, 0} end
-if ARGV[5] == 'k' and holder then
-  redis.call('del', KEYS[1])
-  return {released, '', 0, redis.call('llen', KEYS[3])}
+if ARGV[5] ~= '' and holder then
+  local x = redis.call('get', KEYS[1] .. ':x:' .. ARGV[5])
+  if not x or registration(x) then
+    if x then redis.call('lrem', KEYS[3], 1, ARGV[5]) end
+    local token = redis.call('incr', KEYS[2])
+    redis.call('hset', KEYS[1], 'owner', ARGV[5], 'token', token)
+    redis.call('pexpire', KEYS[1], ARGV[6])
+    return {released, ARGV[5], token, redis.call('llen', KEYS[3])}
+  end
 end
 local next = redis.call('lpop', KEYS[3])
 while next do

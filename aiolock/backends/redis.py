@@ -277,10 +277,15 @@ class RedisBackend(Backend):
     #   "mark"  Signals.mark() taken before that request, "due" its retry time, and
     #   "fresh" (the same mark) while the next call may answer busy without asking:
     #           registered and subscribed since, a grant cannot go unheard.
+    # A local hand-off (RELEASE naming a claim of ours) sets "sent" to the time that
+    # RELEASE was sent, and "handoff" to a future done when its reply is in.
 
     async def _try_lock(self, claim: Claim) -> Granted | Busy:
         state = claim.state
         channel = self.inbox
+        handoff = state.get("handoff")
+        if isinstance(handoff, asyncio.Future):  # a release of ours may hand it to us
+            await asyncio.shield(handoff)
         token = state.pop("grant", None)
         if isinstance(token, int) and token > state.get("seen", 0):  # type: ignore[operator]
             sent = state["sent"]
@@ -345,13 +350,16 @@ class RedisBackend(Backend):
 
     async def release(self, claim: Claim) -> bool:
         keys = self._keys(claim.name, claim.owner, claim.kind)
-        keep = self._keep(claim, keys[0]) if claim.kind is Kind.LOCK else None
         noted = claim.kind is not Kind.LOCK and self.signals.note_local_release(keys[0], claim.owner)
+        heir, local = self._heir(claim, keys[0]) if claim.kind is Kind.LOCK else (None, [])
+        handoff = None
+        if heir is not None:  # its acquire waits for this release (see _try_lock)
+            handoff = heir.state["handoff"] = asyncio.get_running_loop().create_future()
         released = False
         retried: list[bool] = []
         try:
-            released = bool(await self._release(claim, keys, abandon=False, keep=keep,
-                                                on_retry=lambda: retried.append(True)))
+            released = bool(await self._release(claim, keys, abandon=False, heir=heir,
+                                                local=local, on_retry=lambda: retried.append(True)))
             # A retry after a dropped connection finds nothing if the first try already
             # released it: that is a release, not a loss (a real expiry shows in
             # Lease.lost from the client's own clock).
@@ -359,35 +367,39 @@ class RedisBackend(Backend):
         finally:
             if noted and not released:
                 self.signals.forget_local_release(claim.owner)  # nothing was published
+            if handoff is not None:
+                assert heir is not None
+                heir.state.pop("handoff", None)
+                handoff.set_result(None)
         return released
 
-    def _keep(self, claim: Claim, channel: str) -> list[Claim] | None:
-        """Before a plain lock's release: the claims of this process's tasks waiting for
-        it, if the release should leave it to them (a local hand-off), else None."""
+    def _heir(self, claim: Claim, channel: str) -> tuple[Claim | None, list[Claim]]:
+        """Before a plain lock's release: the waiting claim of this process to hand it to
+        (a local hand-off), if any and if the streak allows; and all local waiting claims."""
         if claim.fair:
-            return None
+            return None, []
         local = [w.claim for w in self.signals.waiting(channel)
                  if not w.claim.fair and w.claim is not claim]
         streak = self._streaks.get(channel)
         if local and (streak is None or (streak.count < LOCAL_HANDOFFS
                                          and time.monotonic() - streak.since < LOCAL_HANDOFF_S)):
-            for each in local:
-                each.state.pop("fresh", None)  # woken to take it: it must ask
-            return local
+            heir = local[0]
+            heir.state.pop("fresh", None)  # woken to take it: must not answer busy itself
+            return heir, local
         self._streaks.pop(channel, None)
         for each in local:  # woken, but the lock goes to the server's next waiter
             mark = each.state.get("mark")
             if "due" in each.state and self.signals.unbroken(self.inbox, mark):
                 each.state["fresh"] = mark  # registered: no need to ask again
-        return None
+        return None, local
 
     async def abandon(self, claim: Claim) -> None:
         self.signals.claims.pop(claim.owner, None)
         await self._release(claim, self._keys(claim.name, claim.owner, claim.kind), abandon=True)
 
     async def _release(
-        self, claim: Claim, keys: list[str], *, abandon: bool, keep: list[Claim] | None = None,
-        on_retry: Callable[[], object] | None = None,
+        self, claim: Claim, keys: list[str], *, abandon: bool, heir: Claim | None = None,
+        local: Sequence[Claim] = (), on_retry: Callable[[], object] | None = None,
     ) -> Any:
         """Run RELEASE (abandon: as an abandon); the reply's first item, 1 if it held."""
         flag = "1" if abandon else "0"
@@ -401,24 +413,27 @@ class RedisBackend(Backend):
                 RELEASE_SHARED, keys, claim.owner, keys[0], flag, tomb, _KIND[claim.kind],
                 on_retry=on_retry,
             )
+        sent = time.monotonic()
         reply = await self._run(
-            RELEASE, keys, claim.owner, keys[0], flag, tomb, "k" if keep else "h",
+            RELEASE, keys, claim.owner, keys[0], flag, tomb,
+            heir.owner if heir is not None else "", heir.ttl_ms if heir is not None else 0,
             on_retry=on_retry,
         )
         released, owner, token, queued = reply
         owner = _text(owner)
-        if owner:  # handed over: if to a claim of ours, tell it now (not at the echo)
-            self.signals.granted(keys[0], owner, int(token))
-        if keep:
+        if heir is not None and owner == heir.owner:
+            # a local hand-off: the lease began after this request was sent
+            heir.state["sent"] = sent
             # others wait on the server (beyond our own registered waiters): count it
-            ours = sum(1 for c in keep if "due" in c.state)
-            if int(queued) > ours:
+            if int(queued) > sum(1 for c in local if c is not heir and "due" in c.state):
                 streak = self._streaks.get(keys[0])
                 if streak is None:
                     streak = self._streaks[keys[0]] = _Streak()
                 streak.count += 1
             else:
                 self._streaks.pop(keys[0], None)
+        if owner:  # handed over: if to a claim of ours, tell it now (not at the echo)
+            self.signals.granted(keys[0], owner, int(token), heir)
         return int(released)
 
     async def listen(self, name: str, kind: Kind, waiter: Waiter) -> None:
