@@ -86,6 +86,10 @@ class RedisBackend(Backend):
          Capability.EXPIRY, Capability.DISTRIBUTED}
     )
 
+    #: Take a hand-off message (or a local hand-off's reply) as the grant, without a
+    #: round trip. Sentinel does not: the round trip also finds the current master.
+    trust_handoffs: ClassVar[bool] = True
+
     def __init__(
         self, client: Any, *, prefix: str = "aiolock", request_timeout: float = 5.0,
         url: str | None = None, owns_client: bool = False, resp: RespClient | None = None,
@@ -287,7 +291,8 @@ class RedisBackend(Backend):
         if isinstance(handoff, asyncio.Future):  # a release of ours may hand it to us
             await asyncio.shield(handoff)
         token = state.pop("grant", None)
-        if isinstance(token, int) and token > state.get("seen", 0):  # type: ignore[operator]
+        if (self.trust_handoffs and isinstance(token, int)
+                and token > state.get("seen", 0)):  # type: ignore[operator]
             sent = state["sent"]
             assert isinstance(sent, float)
             left = claim.ttl_ms - int((time.monotonic() - sent) * 1000)
