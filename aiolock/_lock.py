@@ -12,10 +12,12 @@
    ``retry_after`` (the holder's remaining lease), so a missed signal costs at most one
    lease length, and by the caller's deadline.
 4. Cancellation safety: every claim has a unique owner id. If anything interrupts an
-   attempt that may have reached the server (cancellation, a dropped connection), the
-   claim is abandoned on the server -- released if it was granted, removed from the
-   queue, and barred from being granted late -- and for a cancellation this finishes
-   before ``CancelledError`` propagates.
+   attempt that may have reached the server (cancellation, a dropped connection), or a
+   wait during which a release may have handed the claim the lock (a backend may
+   register waiting claims on the server and grant them directly), the claim is
+   abandoned on the server -- released if it was granted, removed from the queue, and
+   barred from being granted late -- and for a cancellation this finishes before
+   ``CancelledError`` propagates.
 
 ``async with lock as lease`` additionally ties the lease to the block: when the lease is
 lost the body is cancelled (``on_lost="cancel"``), left running (``"raise"``) or a
