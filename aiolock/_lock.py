@@ -248,8 +248,10 @@ class Lock:
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     await local.turn.acquire()
         except BaseException as exc:
-            if queued:  # the fast path's attempt left it waiting on the server
+            if queued and isinstance(exc, asyncio.CancelledError):
                 await self._locks.uninterruptible(self._locks.abandon(claim))
+            elif queued:  # the fast path's attempt left it waiting on the server
+                self._locks.spawn(self._locks.abandon(claim))
             if isinstance(exc, TimeoutError):
                 raise self._timeout_error(wait) from None
             raise
@@ -322,9 +324,11 @@ class Lock:
                     if left <= 0:
                         raise self._timeout_error(wait)
                     await waiter.wait(min(retry_after, left))
-        except BaseException:
-            if queued:
-                await locks.uninterruptible(locks.abandon(claim))
+        except BaseException as exc:
+            if queued and isinstance(exc, asyncio.CancelledError):
+                await locks.uninterruptible(locks.abandon(claim))  # before it propagates
+            elif queued:  # a timeout or an error: the caller need not wait for it
+                locks.spawn(locks.abandon(claim))
             raise
         finally:
             if local.head is waiter:
