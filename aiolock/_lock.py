@@ -139,6 +139,8 @@ class Lock:
                 if isinstance(result, Granted):
                     return self._grant(claim, result, sent, task)
                 if wait == 0:
+                    if self.kind is Kind.WRITE:  # its busy try took a place readers respect
+                        await locks.uninterruptible(locks.abandon(claim))
                     raise self._timeout_error(wait)
                 queued = True
             elif wait == 0 and self.kind in _EXCLUSIVE and local.holds:
