@@ -184,3 +184,36 @@ async def test_many_processes_churn_and_observer_settles(shared_url: str) -> Non
             for pr in procs:
                 pr.kill()
     assert len(seen) > 3
+
+
+async def test_paused_lone_leader_is_seen_vacant(shared_url: str) -> None:
+    """A leader SIGSTOPped with nobody else campaigning: leader() and observe() must show
+    the election vacant within about a ttl (the backend's paused-holder bound)."""
+    ttl = 1.5
+    name = f"adv-el-{uuid.uuid4().hex[:8]}"
+    a = Proc(shared_url, name, ttl, "a")
+    try:
+        await asyncio.to_thread(a.wait_line, "LEAD", 20)
+        async with aiolock.connect(shared_url) as locks:
+            el = locks.election(name, ttl=ttl)
+            seen: list[aiolock.Leader | None] = []
+
+            async def watch() -> None:
+                async for ldr in el.observe():
+                    seen.append(ldr)
+
+            w = asyncio.create_task(watch())
+            try:
+                os.kill(a.p.pid, signal.SIGSTOP)
+                t0 = time.monotonic()
+                while not (seen and seen[-1] is None):
+                    assert time.monotonic() - t0 < ttl * 2 + 1.5, seen[-2:]
+                    await asyncio.sleep(0.02)
+                assert await el.leader() is None
+            finally:
+                os.kill(a.p.pid, signal.SIGCONT)
+                w.cancel()
+                await asyncio.gather(w, return_exceptions=True)
+            await asyncio.to_thread(a.wait_line, "LOST", 5)
+    finally:
+        a.kill()

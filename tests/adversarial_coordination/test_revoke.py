@@ -274,3 +274,30 @@ async def test_holder_after_a_revoked_one_is_listed_and_revocable(
     finally:
         await a.release()
         await b.release()
+
+
+async def test_revoked_leader_fenced_write_rejected(coord: aiolock.Locks, coord_url: str,
+                                                   name: str) -> None:
+    """A revoked leader that runs on (on_lost="raise") and writes with its old term after
+    the next leader wrote is rejected by the fence."""
+    need(coord, Capability.REVOKE)
+    need(coord, Capability.ELECTION)
+    fence = aiolock.MemoryFencedResource()
+    el = coord.election(name, ttl=TTL, on_lost="raise")
+    old = await asyncio.create_task(el.campaign(data="old").acquire(timeout=5))
+    assert await fence.write(old.token, "old-1")
+    async with aiolock.connect(coord_url) as other:
+        assert await other.election(name).campaign().force_release()
+        new = await other.election(name, ttl=TTL).campaign(data="new").acquire(timeout=5)
+        assert new.token > old.token
+        assert await fence.write(new.token, "new-1")
+        assert not await fence.write(old.token, "old-2")  # the zombie leader is fenced off
+        assert (await fence.read())[1] == b"new-1"
+        start = time.monotonic()
+        while not old.lost:
+            assert time.monotonic() - start < TTL / 3 + MARGIN
+            await asyncio.sleep(0.02)
+        await old.release()
+        ldr = await el.leader()
+        assert ldr is not None and ldr.data == "new" and ldr.token == new.token
+        await new.release()
