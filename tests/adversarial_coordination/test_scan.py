@@ -158,8 +158,8 @@ async def test_scan_bad_prefix_is_value_error(coord: aiolock.Locks, prefix: obje
 
 
 @pytest.mark.xfail(
-    reason="scan() does not validate a lone-surrogate prefix: memory:// lists nothing, "
-    "PostgreSQL raises LockError wrapping asyncpg's DataError (names get ValueError)",
+    reason="scan() does not validate a lone-surrogate prefix: memory:// and MySQL list "
+    "nothing, PostgreSQL raises LockError wrapping asyncpg's DataError (names get ValueError)",
     strict=True)
 async def test_scan_surrogate_prefix_is_value_error(coord: aiolock.Locks) -> None:
     need(coord, Capability.SCAN)
