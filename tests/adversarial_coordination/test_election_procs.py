@@ -217,3 +217,42 @@ async def test_paused_lone_leader_is_seen_vacant(shared_url: str) -> None:
             await asyncio.to_thread(a.wait_line, "LOST", 5)
     finally:
         a.kill()
+
+
+HOLDER = str(Path(__file__).parents[1] / "procs" / "holder.py")
+
+
+async def test_killed_holders_record_does_not_come_back(shared_url: str) -> None:
+    """kill -9 of a lock holder and of a leader: their records must vanish with their claim,
+    and not reappear beside the next holder's (stale rows of a dead session)."""
+    name = f"adv-k-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = await asyncio.create_subprocess_exec(sys.executable, HOLDER, shared_url, name, "30",
+                                             stdout=asyncio.subprocess.PIPE, env=env)
+    a = Proc(shared_url, name + "-el", 30, "dead")
+    try:
+        assert p.stdout is not None
+        line = await asyncio.wait_for(p.stdout.readline(), 20)
+        assert line.startswith(b"ACQUIRED"), line
+        await asyncio.to_thread(a.wait_line, "LEAD", 20)
+        p.kill()
+        await p.wait()
+        a.kill()
+        async with aiolock.connect(shared_url) as locks:
+            el = locks.election(name + "-el", ttl=2)
+            deadline = time.monotonic() + 5
+            while (await locks.status(name)).held or await el.leader() is not None:
+                assert time.monotonic() < deadline, "dead holders still listed"
+                await asyncio.sleep(0.05)
+            assert [i.name async for i in locks.scan(name)] == []
+            async with locks.lock(name, ttl=2, data="alive"), el.campaign(data="alive-l") as t:
+                assert [h.data for h in (await locks.status(name)).held_by] == ["alive"]
+                ldr = await el.leader()
+                assert ldr is not None and (ldr.data, ldr.token) == ("alive-l", t.token), ldr
+                infos = {i.name: [h.data for h in i.held_by] async for i in locks.scan(name)}
+                assert infos == {name: ["alive"], name + "-el": ["alive-l"]}, infos
+    finally:
+        if p.returncode is None:
+            p.kill()
+            await p.wait()
+        a.kill()
