@@ -281,3 +281,26 @@ async def test_unreachable_server_exit_69_and_missing_url_exit_2() -> None:
         assert code == 2, (args, code, out, err)
         assert "AIOLOCK_URL" in err or "--url" in err, err
         no_traceback(err)
+
+
+async def test_elect_sigterm_stops_child_and_resigns(pg_url: str, tmp_path: Path) -> None:
+    name = f"adv-elt-{uuid.uuid4().hex[:6]}"
+    proc, gc, _beat = await _elect_with_grandchild(pg_url, name, 10.0, tmp_path)
+    try:
+        async with aiolock.connect(pg_url) as locks:
+            el = locks.election(name, ttl=10)
+            assert await el.leader() is not None
+            os.kill(proc.pid, signal.SIGTERM)
+            await asyncio.wait_for(proc.wait(), 8)
+            assert proc.returncode in (143, -signal.SIGTERM), proc.returncode
+            assert await el.leader() is None  # resigned, not left to expire (ttl 10)
+            deadline = time.monotonic() + 2
+            while pid_alive(gc):
+                assert time.monotonic() < deadline, "the command's child survived elect"
+                await asyncio.sleep(0.02)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        if pid_alive(gc):
+            os.kill(gc, signal.SIGKILL)
