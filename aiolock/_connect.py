@@ -26,6 +26,7 @@ SCHEMES: dict[str, tuple[str, str, str | None]] = {
     "redis+cluster": ("aiolock.backends.redis_cluster", "RedisClusterBackend", "redis"),
     "redis+sentinel": ("aiolock.backends.redis_sentinel", "RedisSentinelBackend", "redis"),
     "redlock": ("aiolock.backends.redlock", "RedlockBackend", "redis"),
+    "etcd": ("aiolock.backends.etcd", "EtcdBackend", "etcd"),
 }
 
 

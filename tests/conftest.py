@@ -30,6 +30,7 @@ BACKENDS += [
         ("redis-cluster", "aiolock.backends.redis_cluster"),
         ("redis-sentinel", "aiolock.backends.redis_sentinel"),
         ("redlock", "aiolock.backends.redlock"),
+        ("etcd", "etcd3aio"), ("etcd-cluster", "etcd3aio"),
     ) if importlib.util.find_spec(module) is not None
 ]
 
@@ -95,6 +96,24 @@ def redlock_url(servers: list[RedisServer]) -> str:
     return "redlock://" + ",".join(f"127.0.0.1:{s.port}" for s in servers)
 
 
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[Any]:
+    from .etcd_server import EtcdServer
+
+    server = EtcdServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster() -> Iterator[Any]:
+    from .etcd_server import EtcdCluster
+
+    cluster = EtcdCluster(3).start()
+    yield cluster
+    cluster.close()
+
+
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
@@ -119,6 +138,9 @@ def backend_url(request: pytest.FixtureRequest) -> str:
         return str(request.getfixturevalue("redis_sentinel").url)
     if request.param == "redlock":
         return redlock_url(request.getfixturevalue("redlock_servers"))
+    if request.param.startswith("etcd"):  # a fresh key prefix per test
+        etcd = request.getfixturevalue("etcd_cluster" if request.param == "etcd-cluster" else "etcd_server")
+        return f"{etcd.url}?prefix=aiolock-{uuid.uuid4().hex[:8]}"
     server: RedisServer = request.getfixturevalue("redis_server")
     return server.url
 

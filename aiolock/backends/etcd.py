@@ -1,0 +1,896 @@
+"""``etcd://host:port,host:port``: locks on etcd v3 (one member or a cluster).
+
+Client: ``etcd3aio`` (``pip install 'aiolock[etcd]'``) for its generated etcd v3
+protobuf messages and gRPC stubs, over our own ``grpc.aio`` channel. Chosen on merit:
+it is maintained, built on ``grpc.aio``, typed, and works with current grpcio/protobuf.
+``aetcd`` opens plaintext channels to one host only (no TLS, no endpoint list) and one
+keep-alive stream per lease; ``etcd3aio``'s own ``Lock`` and ``LeaseKeepalive`` run a
+task and a stream per lease and a stream per watch, and retry non-idempotent calls.
+So the recipe, the one keep-alive stream and the one watch stream per connection are
+ours; only the wire format is borrowed.
+
+Layout: every claim is one key ``<prefix>/<family>/<escaped name>/<kind>-<owner>``
+(family ``lock``, ``rw`` or ``sem``; kind ``lock``, ``read``, ``write``, ``permit``;
+``owner`` the claim's per-acquisition id) attached to an etcd lease of its own, with the
+claim's ttl and limit as its value. The name is percent-encoded into one path component.
+
+Recipe (etcd's own ``concurrency.Mutex``, generalised like our ZooKeeper recipes): one
+transaction puts our key if it does not exist yet and lists the family's keys sorted by
+``create_revision``. Granted: a mutex or writer whose key is first; a reader with no
+writer key before it (a waiting writer blocks later readers: writers are not starved);
+a permit among the first ``limit`` keys. Otherwise the waiter watches the deletion of
+the key(s) just before its own (for a reader the last writer before it, for a permit
+the ``limit`` keys before it), from the listing's revision on: no herd, nothing missed,
+and first come, first served by construction (every claim is fair). The fencing token
+is the holder key's ``create_revision``, which only grows in the cluster's history.
+
+Leases (what ``ttl`` means): each claim has its own etcd lease, granted with
+``max(ceil(ttl), the server's minimum)`` seconds (etcd leases are whole seconds; the
+server's minimum is 1.5 election timeouts, rounded up). We choose the lease id
+ourselves, so an acquire cancelled mid-flight is abandoned by revoking that id: the
+revocation deletes the key, and a put that arrives later fails for lack of its lease
+(no orphan can outlive the lease's ttl). The watchdog's renewals go, in batches, over
+ONE ``LeaseKeepAlive`` stream per connection (one request per lease on it); a waiting
+claim's lease is kept alive by its own re-checks. The client believes a lease for
+``min(ttl, granted ttl)`` from when the grant or keep-alive was *sent*; the server keeps
+it at least that long, so a holder never believes a lease the server dropped. A holder
+that dies frees the lock when its lease expires: within ``max(ceil(ttl), min ttl)`` plus
+the server's expiry sweep (0.5 s). A lease extended beyond its etcd ttl
+(``Lease.extend``) is moved to a new, longer etcd lease (the key keeps its
+``create_revision``, so its token).
+
+Errors: an unreachable cluster raises :class:`aiolock.BackendUnavailable` within
+``connect_timeout`` (requests within ``request_timeout``; a cluster without quorum does
+not answer writes: renewals fail and leases are lost at their last confirmed expiry);
+refused credentials or permissions raise :class:`aiolock.AccessDenied`. The least
+permissions: a role with ``readwrite`` on the key prefix (``etcdctl role
+grant-permission aiolock-role --prefix=true readwrite aiolock/``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import ipaddress
+import itertools
+import logging
+import math
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl, quote, unquote
+
+from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
+from ..errors import AccessDenied, BackendUnavailable, LockError
+
+try:
+    import grpc  # type: ignore[import-untyped]
+    import grpc.aio
+    from etcd3aio import _protobuf as pb  # type: ignore[import-untyped]
+except ImportError as _exc:  # pragma: no cover - reported by aiolock.connect()
+    raise ImportError(
+        "the etcd:// backend needs etcd3aio: pip install 'aiolock[etcd]'", name="etcd3aio"
+    ) from _exc
+
+__all__ = ["EtcdBackend"]
+
+log = logging.getLogger("aiolock")
+
+#: At most this long between re-checks of a waiting claim (a missed watch costs this).
+MAX_RECHECK = 5.0
+#: A claim answered Busy and then neither asked again nor listening for this long (the
+#: core gave up after one try) loses its key.
+UNATTENDED = 0.5
+DEFAULT_PORT = 2379
+_KIND = {Kind.LOCK: "lock", Kind.READ: "read", Kind.WRITE: "write", Kind.PERMIT: "permit"}
+_BY_NAME = {v: k for k, v in _KIND.items()}
+_OPTIONS = ("username", "password", "ca_file", "cert_file", "key_file", "tls", "server_name",
+            "connect_timeout", "request_timeout", "prefix")
+_CREATE = pb.Compare.CompareTarget.Value("CREATE")
+_EQUAL = pb.Compare.CompareResult.Value("EQUAL")
+_SORT_CREATE = pb.RangeRequest.SortTarget.Value("CREATE")
+_ASCEND = pb.RangeRequest.SortOrder.Value("ASCEND")
+_NOPUT = pb.WatchCreateRequest.FilterType.Value("NOPUT")
+
+
+class _LeaseGone(Exception):
+    """The server has no such lease (expired or revoked)."""
+
+
+# -- the recipe (pure: decides from a listing) -------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class _Entry:
+    key: bytes
+    kind: Kind
+    owner: str
+    rev: int  # create_revision: the fencing token when it holds
+    lease: int
+    ttl_ms: int
+    limit: int
+
+
+def _entries(kvs: Sequence[Any], prefix: bytes) -> list[_Entry]:
+    """The claims of one family, oldest first (``kvs`` sorted by create_revision)."""
+    out = []
+    for kv in kvs:
+        kind_name, sep, owner = kv.key[len(prefix):].decode(errors="replace").partition("-")
+        kind = _BY_NAME.get(kind_name)
+        if kind is None or not sep:
+            continue
+        try:
+            ttl, _, limit = kv.value.decode().partition(":")
+            ttl_ms, lim = int(ttl), int(limit or 1)
+        except (UnicodeDecodeError, ValueError):
+            ttl_ms, lim = 30_000, 1
+        out.append(_Entry(kv.key, kind, owner, int(kv.create_revision), int(kv.lease), ttl_ms, lim))
+    return out
+
+
+def _holders(entries: list[_Entry], limit: int) -> list[_Entry]:
+    """The entries in a granted position."""
+    if not entries:
+        return []
+    family = entries[0].kind.family
+    if family == "lock":
+        return entries[:1]
+    if family == "sem":
+        return entries[:limit]
+    if entries[0].kind is Kind.WRITE:
+        return entries[:1]
+    out = []
+    for entry in entries:
+        if entry.kind is Kind.WRITE:
+            break
+        out.append(entry)
+    return out
+
+
+def _watch_targets(entries: list[_Entry], index: int, claim: Claim) -> list[_Entry]:
+    """The entries whose deletion may grant the one at ``index`` (not granted now)."""
+    if claim.kind is Kind.READ:
+        return [e for e in entries[:index] if e.kind is Kind.WRITE][-1:]
+    if claim.kind is Kind.PERMIT:
+        return entries[max(0, index - claim.limit) : index]
+    return entries[index - 1 : index]
+
+
+def _range_end(prefix: bytes) -> bytes:
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+def _lease_seconds(ttl_ms: int) -> int:
+    return max(1, math.ceil(ttl_ms / 1000))
+
+
+# -- the two streams of a connection -------------------------------------------------------
+
+
+class _Stream:
+    """One bidirectional gRPC stream fed from a queue, read by a task."""
+
+    def __init__(self, call_factory: Any, on_response: Any, on_end: Any) -> None:
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._on_response = on_response
+        self._on_end = on_end
+        self.call = call_factory(self._requests())
+        self.reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _requests(self) -> AsyncIterator[Any]:
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                return
+            yield item
+
+    def send(self, request: Any) -> None:
+        self._queue.put_nowait(request)
+
+    @property
+    def alive(self) -> bool:
+        return not self.reader.done()
+
+    async def _read(self) -> None:
+        error: BaseException | None = None
+        try:
+            async for response in self.call:
+                self._on_response(response)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            error = exc
+        finally:
+            self._on_end(self, error)
+
+    def close(self) -> None:
+        self._queue.put_nowait(None)
+        self.call.cancel()
+        self.reader.cancel()
+
+
+class EtcdBackend(Backend):
+    """Locks on an etcd v3 cluster (or one member). See the module doc."""
+
+    schemes: ClassVar[tuple[str, ...]] = ("etcd",)
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
+         Capability.EXPIRY, Capability.DISTRIBUTED}
+    )
+
+    def __init__(
+        self, hosts: str, *, username: str | None = None, password: str | None = None,
+        ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None,
+        tls: bool | None = None, server_name: str | None = None, connect_timeout: float = 5.0,
+        request_timeout: float = 5.0, prefix: str = "aiolock",
+    ) -> None:
+        self._hosts = _parse_hosts(hosts)
+        for what, value in (("connect_timeout", connect_timeout), ("request_timeout", request_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{what} must be a number of seconds > 0, got {value!r}")
+        if not isinstance(prefix, str) or not prefix or prefix.endswith("/"):
+            raise ValueError(f"prefix must be a non-empty key prefix without a trailing '/', got {prefix!r}")
+        if bool(username) != bool(password):
+            raise ValueError("etcd authentication needs both a username and a password")
+        if (cert_file is None) != (key_file is None):
+            raise ValueError("a client certificate needs both cert_file and key_file")
+        self._username = username or None
+        self._password = password or None
+        self._files: dict[str, bytes] = {}
+        for what, path in (("ca", ca_file), ("cert", cert_file), ("key", key_file)):
+            if path:
+                try:
+                    self._files[what] = Path(path).read_bytes()
+                except OSError as exc:
+                    raise ValueError(f"cannot read the etcd {what}_file {path!r}: {exc.strerror}") from None
+        self._tls = bool(tls) or bool(self._files)
+        self._server_name = server_name
+        self._connect_timeout = float(connect_timeout)
+        self._request_timeout = float(request_timeout)
+        self._prefix = prefix
+        self._channel: Any = None
+        self._metadata: tuple[tuple[str, str], ...] | None = None
+        self._ready_lock = asyncio.Lock()
+        self._started = False
+        self._closed = False
+        self._keepalive: _Stream | None = None
+        self._alive_waiting: dict[int, collections.deque[asyncio.Future[int]]] = {}
+        self._watch_stream: _Stream | None = None
+        self._watch_ids = itertools.count(1)
+        self._watch_owner: dict[int, str] = {}  # watch id -> owner of the claim it wakes
+        self._waiters: dict[str, Waiter] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        #: bumped whenever the watch stream ends: a Busy answer from before is stale
+        self._epoch = 0
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> EtcdBackend:
+        """``etcd://[user:password@]host:port[,host:port...][?option=value...]``; the port
+        defaults to 2379. Options (query or keyword): ``username``, ``password``,
+        ``ca_file``, ``cert_file``, ``key_file``, ``tls`` (``true`` to use TLS with the
+        system's CAs), ``server_name`` (the name the server certificate is checked for),
+        ``connect_timeout``, ``request_timeout`` (seconds, default 5), ``prefix`` (key
+        prefix, default ``aiolock``)."""
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme.lower() not in cls.schemes:
+            raise ValueError("expected etcd://host:port,host:port")
+        rest, _, fragment = rest.partition("#")
+        netloc, _, query = rest.partition("?")
+        netloc, _, path = netloc.partition("/")
+        if fragment or path:
+            raise ValueError("etcd URLs take no path or fragment: expected etcd://host:port,host:port"
+                             "[?option=value]; use the 'prefix' option for a key prefix")
+        given: dict[str, Any] = {}
+        userinfo, at, hosts = netloc.rpartition("@")
+        if at:
+            user, _, password = userinfo.partition(":")
+            given.update({k: unquote(v) for k, v in (("username", user), ("password", password)) if v})
+        for key, value in parse_qsl(query, keep_blank_values=True):
+            given[key] = value
+        overlap = set(given) & set(options)
+        if overlap:
+            raise ValueError(f"option(s) {sorted(overlap)} given both in the URL and as keywords")
+        given.update(options)
+        unknown = sorted(set(given) - set(_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown etcd option(s) {unknown}; accepted: {', '.join(_OPTIONS)}")
+        for what in ("connect_timeout", "request_timeout"):
+            if isinstance(given.get(what), str):
+                try:
+                    given[what] = float(given[what])
+                except ValueError:
+                    raise ValueError(f"{what} must be a number of seconds > 0, got {given[what]!r}") from None
+        if isinstance(given.get("tls"), str):
+            flag = given["tls"].lower()
+            if flag not in ("true", "false", "1", "0", "yes", "no", ""):
+                raise ValueError(f"tls must be true or false, got {given['tls']!r}")
+            given["tls"] = flag in ("true", "1", "yes", "")
+        return cls(hosts, **given)
+
+    @property
+    def url(self) -> str:
+        user = f"{quote(self._username, safe='')}@" if self._username else ""
+        return f"etcd://{user}" + ",".join(_hostport(h, p) for h, p in self._hosts)
+
+    # -- connection -----------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        await self._ready()
+
+    async def _ready(self) -> None:
+        if self._closed:
+            raise LockError(f"this connection to {self.url} is closed")
+        if self._started:
+            return
+        async with self._ready_lock:
+            if self._started:
+                return
+            try:
+                async with asyncio.timeout(self._connect_timeout):
+                    if self._channel is None:
+                        self._channel = await self._open_channel()
+                    await self._channel.channel_ready()
+                    if self._username:
+                        await self._authenticate()
+                    # a first read checks the permissions on our prefix
+                    probe = pb.RangeRequest(key=self._prefix.encode() + b"/", limit=1, keys_only=True)
+                    await self._unary("KV", "Range", probe, "a first read")
+            except TimeoutError as exc:
+                raise BackendUnavailable(
+                    f"cannot reach etcd at {self.url} within {self._connect_timeout} s"
+                ) from exc
+            except OSError as exc:
+                raise BackendUnavailable(f"cannot reach etcd at {self.url}: {exc}") from exc
+            self._started = True
+
+    async def _open_channel(self) -> Any:
+        addrs = await _resolve(self._hosts)
+        target = addrs[0] if len(addrs) == 1 else "ipv4:" + ",".join(addrs)
+        if len(addrs) > 1 and addrs[0].startswith("["):
+            target = "ipv6:" + ",".join(addrs)
+        options: list[tuple[str, Any]] = [
+            ("grpc.lb_policy_name", "round_robin"),
+            ("grpc.keepalive_time_ms", 5000),
+            ("grpc.keepalive_timeout_ms", 2000),
+            ("grpc.keepalive_permit_without_calls", 0),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+            ("grpc.enable_retries", 0),
+        ]
+        if not self._tls:
+            return grpc.aio.insecure_channel(target, options=options)
+        files = self._files
+        creds = grpc.ssl_channel_credentials(files.get("ca"), files.get("key"), files.get("cert"))
+        name = self._server_name or (self._hosts[0][0] if len(addrs) > 1 else None)
+        if name:
+            options += [("grpc.ssl_target_name_override", name), ("grpc.default_authority", name)]
+        return grpc.aio.secure_channel(target, creds, options=options)
+
+    async def _authenticate(self) -> None:
+        request = pb.AuthenticateRequest(name=self._username, password=self._password)
+        try:
+            reply = await pb.AuthStub(self._channel).Authenticate(request, timeout=self._request_timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc, "authentication") from None
+        self._metadata = (("token", reply.token),)
+
+    def _error(self, exc: Any, what: str) -> Exception:
+        code = exc.code()
+        detail = exc.details() or ""
+        text = f"etcd at {self.url} refused {what}: {code.name} {detail}"
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED) or (
+            code == grpc.StatusCode.INVALID_ARGUMENT
+            and ("authentication failed" in detail or "user name is empty" in detail)
+        ):
+            return AccessDenied(text)
+        if code == grpc.StatusCode.NOT_FOUND and "lease not found" in detail:
+            return _LeaseGone(detail)
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                    grpc.StatusCode.CANCELLED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL):
+            return BackendUnavailable(f"etcd at {self.url} is unavailable for {what}: {code.name} {detail}")
+        return LockError(text)
+
+    async def _unary(self, service: str, method: str, request: Any, what: str) -> Any:
+        stub = getattr(pb, f"{service}Stub")(self._channel)
+        for attempt in (1, 2):
+            try:
+                return await getattr(stub, method)(
+                    request, metadata=self._metadata, timeout=self._request_timeout)
+            except grpc.aio.AioRpcError as exc:
+                if (attempt == 1 and self._username and exc.code() == grpc.StatusCode.UNAUTHENTICATED
+                        and "invalid auth token" in (exc.details() or "")):
+                    await self._authenticate()  # the server forgot our token: log in again
+                    continue
+                raise self._error(exc, what) from None
+        raise AssertionError("unreachable")
+
+    @contextlib.asynccontextmanager
+    async def _bounded(self, what: str) -> AsyncIterator[None]:
+        await self._ready()
+        try:
+            async with asyncio.timeout(self._request_timeout):
+                yield
+        except TimeoutError as exc:
+            raise BackendUnavailable(
+                f"etcd at {self.url} did not answer {what} within {self._request_timeout} s"
+            ) from exc
+
+    # -- keep-alive stream ----------------------------------------------------------------
+
+    def _keepalive_stream(self) -> _Stream:
+        stream = self._keepalive
+        if stream is None or not stream.alive:
+            stub = pb.LeaseStub(self._channel)
+            stream = self._keepalive = _Stream(
+                lambda it: stub.LeaseKeepAlive(it, metadata=self._metadata),
+                self._on_keepalive, self._keepalive_ended)
+        return stream
+
+    def _on_keepalive(self, response: Any) -> None:
+        futures = self._alive_waiting.get(int(response.ID))
+        if futures:
+            future = futures.popleft()  # replies for one lease come in request order
+            if not futures:
+                del self._alive_waiting[int(response.ID)]
+            if not future.done():
+                future.set_result(int(response.TTL))
+
+    def _keepalive_ended(self, stream: _Stream, error: BaseException | None) -> None:
+        if self._keepalive is stream:
+            self._keepalive = None
+        waiting, self._alive_waiting = self._alive_waiting, {}
+        for futures in waiting.values():
+            for future in futures:
+                if not future.done():
+                    future.set_exception(BackendUnavailable(
+                        f"the etcd keep-alive stream to {self.url} ended ({_brief(error)})"))
+        if error is not None and not self._closed:
+            log.debug("etcd keep-alive stream ended: %s", _brief(error))
+
+    async def _keep_alive(self, leases: Sequence[int]) -> list[int]:
+        """One keep-alive per lease over the connection's stream: each one's TTL (0: gone)."""
+        stream = self._keepalive_stream()
+        loop = asyncio.get_running_loop()
+        futures = []
+        for lease in leases:
+            future: asyncio.Future[int] = loop.create_future()
+            self._alive_waiting.setdefault(lease, collections.deque()).append(future)
+            futures.append(future)
+            stream.send(pb.LeaseKeepAliveRequest(ID=lease))
+        try:
+            return list(await asyncio.gather(*futures))
+        except TimeoutError:
+            if self._keepalive is stream:  # stuck (a member cut off?): start afresh
+                self._keepalive = None
+                stream.close()
+            raise
+        finally:
+            for future in futures:
+                if not future.done():
+                    future.cancel()
+
+    # -- watch stream ---------------------------------------------------------------------
+
+    def _watch_stream_open(self) -> _Stream:
+        stream = self._watch_stream
+        if stream is None or not stream.alive:
+            stub = pb.WatchStub(self._channel)
+            stream = self._watch_stream = _Stream(
+                lambda it: stub.Watch(it, metadata=self._metadata), self._on_watch, self._watch_ended)
+        return stream
+
+    def _on_watch(self, response: Any) -> None:
+        if response.events or response.canceled or response.compact_revision:
+            # (only deletions are sent: NOPUT) the key went, or the watch cannot serve
+            self._fire(int(response.watch_id))
+
+    def _fire(self, watch_id: int) -> None:
+        owner = self._watch_owner.pop(watch_id, None)
+        if owner is None:
+            return
+        stream = self._watch_stream
+        if stream is not None and stream.alive:
+            stream.send(pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=watch_id)))
+        waiter = self._waiters.get(owner)
+        if waiter is not None:
+            waiter.wake()
+
+    def _watch_ended(self, stream: _Stream, error: BaseException | None) -> None:
+        if self._watch_stream is stream:
+            self._watch_stream = None
+        self._epoch += 1
+        self._watch_owner.clear()
+        if not self._closed:
+            if error is not None:
+                log.debug("etcd watch stream ended: %s", _brief(error))
+            for waiter in list(self._waiters.values()):  # never trust a watch across this
+                waiter.wake()
+
+    def _watch(self, claim: Claim, keys: set[bytes], start: int) -> None:
+        """Make ``keys`` the set whose deletion (after revision ``start``) wakes ``claim``."""
+        current: dict[bytes, int] = claim.state.setdefault("watch", {})  # type: ignore[assignment]
+        for key, watch_id in list(current.items()):
+            if key not in keys or watch_id not in self._watch_owner:
+                self._cancel_watch(watch_id)
+                del current[key]
+        new = keys - current.keys()
+        if not new:
+            return
+        stream = self._watch_stream_open()
+        for key in new:
+            watch_id = next(self._watch_ids)
+            self._watch_owner[watch_id] = claim.owner
+            current[key] = watch_id
+            stream.send(pb.WatchRequest(create_request=pb.WatchCreateRequest(
+                key=key, start_revision=start, filters=[_NOPUT], watch_id=watch_id)))
+
+    def _cancel_watch(self, watch_id: int) -> None:
+        if self._watch_owner.pop(watch_id, None) is not None:
+            stream = self._watch_stream
+            if stream is not None and stream.alive:
+                stream.send(pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=watch_id)))
+
+    def _unwatch(self, claim: Claim) -> None:
+        current: dict[bytes, int] = claim.state.pop("watch", {})  # type: ignore[assignment]
+        for watch_id in current.values():
+            self._cancel_watch(watch_id)
+
+    # -- primitives -----------------------------------------------------------------------
+
+    def _family_prefix(self, name: str, kind: Kind) -> bytes:
+        return f"{self._prefix}/{kind.family}/{quote(name, safe='')}/".encode()
+
+    def _forget(self, claim: Claim) -> None:
+        self._unwatch(claim)
+        for key in ("lease", "lease_ttl", "confirmed", "rev", "busy", "asked", "granted", "revoking"):
+            claim.state.pop(key, None)
+
+    async def _grant_lease(self, claim: Claim) -> int:
+        lease = secrets.randbelow(2**62) + 1  # ours: an abandon can revoke it before the reply
+        claim.state["lease"] = lease
+        sent = time.monotonic()
+        request = pb.LeaseGrantRequest(TTL=_lease_seconds(claim.ttl_ms), ID=lease)
+        reply = await self._unary("Lease", "LeaseGrant", request, "a lease grant")
+        if reply.error:
+            raise LockError(f"etcd at {self.url} refused a lease: {reply.error}")
+        claim.state["lease_ttl"] = int(reply.TTL)
+        claim.state["confirmed"] = sent
+        return lease
+
+    def _left_ms(self, claim: Claim, since: float) -> int:
+        """How long the lease surely lasts counted from ``since`` (ms, at most its ttl)."""
+        confirmed = claim.state.get("confirmed")
+        ttl = claim.state.get("lease_ttl")
+        assert isinstance(confirmed, float) and isinstance(ttl, int)
+        return int(min(claim.ttl_ms, (confirmed + ttl - since) * 1000))
+
+    async def _refresh(self, claim: Claim) -> bool:
+        """Keep a claim's lease alive now; False if it is gone."""
+        lease = claim.state["lease"]
+        assert isinstance(lease, int)
+        sent = time.monotonic()
+        (ttl,) = await self._keep_alive([lease])
+        if ttl <= 0:
+            return False
+        claim.state["confirmed"] = sent
+        claim.state["lease_ttl"] = ttl
+        return True
+
+    async def try_acquire(self, claim: Claim) -> Granted | Busy:
+        if claim.state.get("abandoned"):
+            raise LockError(f"claim on {claim.name!r} was abandoned")
+        claim.state.pop("asked", None)  # being asked: not unattended
+        busy = self._same_answer(claim)
+        if busy is not None:
+            return busy
+        async with self._bounded("an acquire"):
+            return await self._try_acquire(claim)
+
+    def _same_answer(self, claim: Claim) -> Busy | None:
+        """Asked again with nothing changed (no watch fired, no stream restart, no re-check
+        or keep-alive due): the same answer, without a request."""
+        busy = claim.state.pop("busy", None)
+        if not isinstance(busy, tuple) or busy[0] != self._epoch or self._closed:
+            return None
+        left = busy[1] - time.monotonic()
+        watched: dict[bytes, int] = claim.state.get("watch", {})  # type: ignore[assignment]
+        if left <= 0 or not watched or not all(w in self._watch_owner for w in watched.values()):
+            return None
+        claim.state["busy"] = busy
+        self._answered_busy(claim)
+        return Busy(left)
+
+    async def _try_acquire(self, claim: Claim) -> Granted | Busy:
+        started = time.monotonic()
+        prefix = self._family_prefix(claim.name, claim.kind)
+        key = prefix + f"{_KIND[claim.kind]}-{claim.owner}".encode()
+        value = f"{claim.ttl_ms}:{claim.limit}".encode()
+        listing = pb.RequestOp(request_range=pb.RangeRequest(
+            key=prefix, range_end=_range_end(prefix), sort_target=_SORT_CREATE, sort_order=_ASCEND))
+        for _ in range(4):
+            lease = claim.state.get("lease")
+            if not isinstance(lease, int):
+                lease = await self._grant_lease(claim)
+            txn = pb.TxnRequest(
+                compare=[pb.Compare(key=key, target=_CREATE, result=_EQUAL, create_revision=0)],
+                success=[pb.RequestOp(request_put=pb.PutRequest(key=key, value=value, lease=lease)), listing],
+                failure=[listing],
+            )
+            try:
+                reply = await self._unary("KV", "Txn", txn, "an acquire")
+            except _LeaseGone:  # our lease expired while we waited: start again
+                self._forget(claim)
+                continue
+            entries = _entries(reply.responses[-1].response_range.kvs, prefix)
+            index = next((i for i, e in enumerate(entries) if e.owner == claim.owner), None)
+            if index is None:  # cannot be (one transaction), but never grant on it
+                self._forget(claim)
+                continue
+            me = entries[index]
+            if me.lease != lease:  # a key of ours from another lease (a lost reply): adopt it
+                claim.state["lease"] = me.lease
+                claim.state["confirmed"] = 0.0  # unknown: refresh before believing it
+                claim.state["lease_ttl"] = 0
+            claim.state["rev"] = me.rev
+            if any(e.owner == claim.owner for e in _holders(entries, claim.limit)):
+                if self._left_ms(claim, started) < claim.ttl_ms / 2 and not await self._refresh(claim):
+                    self._forget(claim)
+                    continue
+                self._unwatch(claim)
+                claim.state["granted"] = True
+                return Granted(me.rev, self._left_ms(claim, started))
+            targets = {e.key for e in _watch_targets(entries, index, claim)}
+            self._watch(claim, targets, int(reply.header.revision) + 1)
+            # keep our own lease (our place in the queue) alive while we wait
+            ttl = claim.state["lease_ttl"]
+            assert isinstance(ttl, int)
+            if self._left_ms(claim, time.monotonic()) < ttl * 1000 * 2 / 3 and not await self._refresh(claim):
+                self._forget(claim)
+                continue
+            confirmed = claim.state["confirmed"]
+            assert isinstance(confirmed, float)
+            now = time.monotonic()
+            wait = max(0.001, min(MAX_RECHECK, confirmed + ttl / 3 - now))
+            claim.state["busy"] = (self._epoch, now + wait)
+            self._answered_busy(claim)
+            return Busy(wait)
+        return Busy(0.05)
+
+    async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
+        if not claims:
+            return []
+        out: list[int | None] = [None] * len(claims)
+        ask: list[tuple[int, Claim, int]] = []
+        moves: list[tuple[int, Claim]] = []
+        for i, claim in enumerate(claims):
+            lease = claim.state.get("lease")
+            if not isinstance(lease, int) or not claim.state.get("granted"):
+                continue
+            ttl = claim.state.get("lease_ttl")
+            if isinstance(ttl, int) and claim.ttl_ms > ttl * 1000:
+                moves.append((i, claim))  # extended past its etcd lease: a longer one
+            else:
+                ask.append((i, claim, lease))
+        async with self._bounded("a renewal"):
+            sent = time.monotonic()
+            ttls = await self._keep_alive([lease for _, _, lease in ask]) if ask else []
+            for (i, claim, _), ttl in zip(ask, ttls, strict=True):
+                if ttl > 0:
+                    claim.state["confirmed"] = sent
+                    claim.state["lease_ttl"] = ttl
+                    out[i] = min(claim.ttl_ms, ttl * 1000)
+            for i, claim in moves:
+                out[i] = await self._move_lease(claim)
+        return out
+
+    async def _move_lease(self, claim: Claim) -> int | None:
+        """Attach the claim's key to a new lease of its (longer) ttl; same key, same
+        create_revision, so the same token. The ms granted, or None if the key is gone."""
+        old, rev = claim.state.get("lease"), claim.state.get("rev")
+        assert isinstance(rev, int)
+        sent = time.monotonic()
+        lease = await self._grant_lease(claim)
+        prefix = self._family_prefix(claim.name, claim.kind)
+        key = prefix + f"{_KIND[claim.kind]}-{claim.owner}".encode()
+        txn = pb.TxnRequest(
+            compare=[pb.Compare(key=key, target=_CREATE, result=_EQUAL, create_revision=rev)],
+            success=[pb.RequestOp(request_put=pb.PutRequest(
+                key=key, value=f"{claim.ttl_ms}:{claim.limit}".encode(), lease=lease))],
+        )
+        reply = await self._unary("KV", "Txn", txn, "a renewal")
+        stale = lease if not reply.succeeded else old
+        if isinstance(stale, int):
+            self._spawn(self._revoke_quietly(stale))
+        if not reply.succeeded:
+            return None
+        return self._left_ms(claim, sent)
+
+    async def release(self, claim: Claim) -> bool:
+        self._unwatch(claim)
+        lease = claim.state.get("lease")
+        if not isinstance(lease, int):
+            return False
+        repeated = claim.state.get("revoking") == lease  # an earlier release was interrupted
+        claim.state["revoking"] = lease
+        async with self._bounded("a release"):
+            try:
+                await self._unary("Lease", "LeaseRevoke", pb.LeaseRevokeRequest(ID=lease), "a release")
+                held = True
+            except _LeaseGone:
+                held = repeated
+        self._forget(claim)
+        return held
+
+    async def abandon(self, claim: Claim) -> None:
+        claim.state["abandoned"] = True
+        self._unwatch(claim)
+        waiter = self._waiters.get(claim.owner)
+        if waiter is not None and waiter.claim is claim:
+            del self._waiters[claim.owner]
+        lease = claim.state.get("lease")
+        if not isinstance(lease, int):
+            return
+        # Revoking deletes our key; a put still in flight finds no lease and fails; a
+        # grant still in flight makes a lease without keys, which expires by its ttl.
+        async with self._bounded("an abandon"):
+            with contextlib.suppress(_LeaseGone):
+                await self._unary("Lease", "LeaseRevoke", pb.LeaseRevokeRequest(ID=lease), "an abandon")
+        self._forget(claim)
+
+    async def _revoke_quietly(self, lease: int) -> None:
+        try:
+            async with self._bounded("a revoke"):
+                with contextlib.suppress(_LeaseGone):
+                    await self._unary("Lease", "LeaseRevoke", pb.LeaseRevokeRequest(ID=lease), "a revoke")
+        except Exception as exc:  # it expires by its ttl
+            log.debug("revoking etcd lease %x failed: %s", lease, exc)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def listen(self, name: str, kind: Kind, waiter: Waiter) -> None:
+        self._waiters[waiter.claim.owner] = waiter
+
+    def unlisten(self, name: str, kind: Kind, waiter: Waiter) -> None:
+        claim = waiter.claim
+        if self._waiters.get(claim.owner) is waiter:
+            del self._waiters[claim.owner]
+        self._unwatch(claim)
+        if "lease" in claim.state and not claim.state.get("granted") and not claim.state.get("abandoned"):
+            # the core stopped waiting without a grant; our key keeps a place in the
+            # queue, which would block the lock: give it up
+            self._spawn(self._give_up(claim))
+
+    async def _give_up(self, claim: Claim) -> None:
+        if self._closed or claim.state.get("abandoned"):
+            return
+        try:
+            await self.abandon(claim)
+        except Exception as exc:  # its lease expires by its ttl
+            log.debug("giving up an etcd claim on %r failed: %s", claim.name, exc)
+
+    def _answered_busy(self, claim: Claim) -> None:
+        """After a Busy answer: a claim not asked again nor listening soon (the core gave
+        up after one try) loses its key, so it cannot block the lock."""
+        if claim.owner in self._waiters:
+            return
+        token = object()
+        claim.state["asked"] = token
+        asyncio.get_running_loop().call_later(UNATTENDED, self._check_unattended, claim, token)
+
+    def _check_unattended(self, claim: Claim, token: object) -> None:
+        if (claim.state.get("asked") is token and claim.owner not in self._waiters
+                and isinstance(claim.state.get("lease"), int) and not self._closed
+                and not claim.state.get("granted") and not claim.state.get("abandoned")):
+            lease = claim.state["lease"]
+            assert isinstance(lease, int)
+            self._forget(claim)  # asked again later, it takes a new place
+            self._spawn(self._revoke_quietly(lease))
+
+    async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
+        prefix = self._family_prefix(name, kind)
+        request = pb.RangeRequest(key=prefix, range_end=_range_end(prefix),
+                                  sort_target=_SORT_CREATE, sort_order=_ASCEND)
+        async with self._bounded("an inspect"):
+            reply = await self._unary("KV", "Range", request, "an inspect")
+            entries = _entries(reply.kvs, prefix)
+            if not entries:
+                return LockInfo(name, False)
+            holders = _holders(entries, entries[0].limit)
+            lives = await asyncio.gather(*(
+                self._unary("Lease", "LeaseTimeToLive", pb.LeaseTimeToLiveRequest(ID=e.lease), "an inspect")
+                for e in holders))
+        # (the server truncates the time left to whole seconds, -1 once it expired)
+        live = [(e, min(e.ttl_ms / 1000, r.TTL + 0.5)) for e, r in zip(holders, lives, strict=True)
+                if r.TTL >= 0]
+        waiters = len(entries) - len(holders)
+        if not live:
+            return LockInfo(name, False, waiters=waiters)
+        exclusive = [e.rev for e, _ in live if e.kind in (Kind.LOCK, Kind.WRITE)]
+        return LockInfo(
+            name, True, holders=len(live), token=exclusive[0] if exclusive else None,
+            last_token=max(e.rev for e in entries), ttl_left=max(left for _, left in live),
+            waiters=waiters,
+        )
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for stream in (self._keepalive, self._watch_stream):
+            if stream is not None:
+                stream.close()
+                with contextlib.suppress(BaseException):
+                    await stream.reader
+        self._waiters.clear()
+        self._watch_owner.clear()
+        if self._channel is not None:
+            with contextlib.suppress(Exception):
+                await self._channel.close()
+
+
+def _brief(error: BaseException | None) -> str:
+    if error is None:
+        return "closed"
+    if isinstance(error, grpc.aio.AioRpcError):
+        return f"{error.code().name} {error.details() or ''}"
+    return f"{type(error).__name__}: {error}"
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _parse_hosts(hosts: str) -> list[tuple[str, int]]:
+    if not isinstance(hosts, str) or not hosts.strip():
+        raise ValueError("give etcd endpoints as 'host:port,host:port'")
+    out = []
+    for item in hosts.split(","):
+        item = item.strip()
+        if item.startswith("["):
+            host, _, rest = item[1:].partition("]")
+            port = rest[1:] if rest.startswith(":") else ""
+        elif item.count(":") == 1:
+            host, _, port = item.partition(":")
+        else:
+            host, port = item, ""
+        port = port or str(DEFAULT_PORT)
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"bad etcd endpoint {item!r} in {hosts!r}: expected host:port")
+        out.append((host, int(port)))
+    return out
+
+
+async def _resolve(hosts: list[tuple[str, int]]) -> list[str]:
+    """``host:port`` targets for gRPC: one endpoint as given; several as addresses (a
+    gRPC target lists addresses, not names), IPv4 first."""
+    if len(hosts) == 1:
+        return [_hostport(*hosts[0])]
+    loop = asyncio.get_running_loop()
+    v4: list[str] = []
+    v6: list[str] = []
+    for host, port in hosts:
+        try:
+            addr = ipaddress.ip_address(host)
+            (v6 if addr.version == 6 else v4).append(_hostport(host, port))
+            continue
+        except ValueError:
+            pass
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        for family, _, _, _, sockaddr in infos:
+            text = _hostport(str(sockaddr[0]), port)
+            bucket = v6 if family == socket.AF_INET6 else v4
+            if text not in bucket:
+                bucket.append(text)
+    return v4 or v6
