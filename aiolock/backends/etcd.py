@@ -70,8 +70,8 @@ from ..errors import AccessDenied, BackendUnavailable, LockError
 
 try:
     import grpc  # type: ignore[import-untyped]
-    import grpc.aio
-    from etcd3aio import _protobuf as pb  # type: ignore[import-untyped]
+    import grpc.aio  # type: ignore[import-untyped]
+    from etcd3aio import _protobuf as pb
 except ImportError as _exc:  # pragma: no cover - reported by aiolock.connect()
     raise ImportError(
         "the etcd:// backend needs etcd3aio: pip install 'aiolock[etcd]'", name="etcd3aio"
