@@ -344,6 +344,8 @@ class EtcdBackend(Backend):
                 raise BackendUnavailable(
                     f"cannot reach etcd at {self.url} within {self._connect_timeout} s"
                 ) from exc
+            except LockError:  # (AccessDenied and BackendUnavailable are OSErrors too)
+                raise
             except OSError as exc:
                 raise BackendUnavailable(f"cannot reach etcd at {self.url}: {exc}") from exc
             self._started = True
