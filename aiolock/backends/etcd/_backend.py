@@ -1,81 +1,38 @@
-"""``etcd://host:port,host:port``: locks on etcd v3 (one member or a cluster).
-
-Client: ``etcd3aio`` (``pip install 'aiolock[etcd]'``) for its generated etcd v3
-protobuf messages and gRPC stubs, over our own ``grpc.aio`` channel. Chosen on merit:
-it is maintained, built on ``grpc.aio``, typed, and works with current grpcio/protobuf.
-``aetcd`` opens plaintext channels to one host only (no TLS, no endpoint list) and one
-keep-alive stream per lease; ``etcd3aio``'s own ``Lock`` and ``LeaseKeepalive`` run a
-task and a stream per lease and a stream per watch, and retry non-idempotent calls.
-So the recipe, the one keep-alive stream and the one watch stream per connection are
-ours; only the wire format is borrowed.
-
-Layout: every claim is one key ``<prefix>/<family>/<escaped name>/<kind>-<owner>``
-(family ``lock``, ``rw`` or ``sem``; kind ``lock``, ``read``, ``write``, ``permit``;
-``owner`` the claim's per-acquisition id) attached to an etcd lease of its own, with the
-claim's ttl and limit as its value. The name is percent-encoded into one path component.
-
-Recipe (etcd's own ``concurrency.Mutex``, generalised like our ZooKeeper recipes): one
-transaction puts our key if it does not exist yet and lists the family's keys sorted by
-``create_revision``. Granted: a mutex or writer whose key is first; a reader with no
-writer key before it (a waiting writer blocks later readers: writers are not starved);
-a permit among the first ``limit`` keys. Otherwise the waiter watches the deletion of
-the key(s) just before its own (for a reader the last writer before it, for a permit
-the ``limit`` keys before it), from the listing's revision on: no herd, nothing missed,
-and first come, first served by construction (every claim is fair). The fencing token
-is the holder key's ``create_revision``, which only grows in the cluster's history.
-
-Leases (what ``ttl`` means): each claim has its own etcd lease, granted with
-``max(ceil(ttl), the server's minimum)`` seconds (etcd leases are whole seconds; the
-server's minimum is 1.5 election timeouts, rounded up). We choose the lease id
-ourselves, so an acquire cancelled mid-flight is abandoned by revoking that id: the
-revocation deletes the key, and a put that arrives later fails for lack of its lease
-(no orphan can outlive the lease's ttl). The watchdog's renewals go, in batches, over
-ONE ``LeaseKeepAlive`` stream per connection (one request per lease on it); a waiting
-claim's lease is kept alive by its own re-checks. The client believes a lease for
-``min(ttl, granted ttl)`` from when the grant or keep-alive was *sent*; the server keeps
-it at least that long, so a holder never believes a lease the server dropped. A holder
-that dies frees the lock when its lease expires: within ``max(ceil(ttl), min ttl)`` plus
-the server's expiry sweep (0.5 s). A lease extended beyond its etcd ttl
-(``Lease.extend``) is moved to a new, longer etcd lease (the key keeps its
-``create_revision``, so its token).
-
-Errors: an unreachable cluster raises :class:`aiolock.BackendUnavailable` within
-``connect_timeout`` (requests within ``request_timeout``; a cluster without quorum does
-not answer writes: renewals fail and leases are lost at their last confirmed expiry);
-refused credentials or permissions raise :class:`aiolock.AccessDenied`. The least
-permissions: a role with ``readwrite`` on the key prefix (``etcdctl role
-grant-permission aiolock-role --prefix=true readwrite aiolock/``).
-"""
+"""The etcd backend's adapter: the core's primitives on the recipe (:mod:`._recipe`),
+over one keep-alive stream and one watch stream per connection (see the package doc)."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import contextlib
-import ipaddress
 import itertools
 import logging
-import math
 import secrets
-import socket
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, quote, unquote
 
-from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
-from ..errors import AccessDenied, BackendUnavailable, LockError
-
-try:
-    import grpc  # type: ignore[import-untyped]
-    import grpc.aio  # type: ignore[import-untyped]
-    from etcd3aio import _protobuf as pb
-except ImportError as _exc:  # pragma: no cover - reported by aiolock.connect()
-    raise ImportError(
-        "the etcd:// backend needs etcd3aio: pip install 'aiolock[etcd]'", name="etcd3aio"
-    ) from _exc
+from ...abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
+from ...errors import AccessDenied, BackendUnavailable, LockError
+from . import _recipe as recipe
+from ._recipe import KIND, lease_seconds, range_end
+from ._wire import (
+    ASCEND,
+    CREATE,
+    EQUAL,
+    NOPUT,
+    SORT_CREATE,
+    Stream,
+    brief,
+    grpc,
+    hostport,
+    open_channel,
+    parse_hosts,
+    pb,
+)
 
 __all__ = ["EtcdBackend"]
 
@@ -86,132 +43,13 @@ MAX_RECHECK = 5.0
 #: A claim answered Busy and then neither asked again nor listening for this long (the
 #: core gave up after one try) loses its key.
 UNATTENDED = 0.5
-DEFAULT_PORT = 2379
-_KIND = {Kind.LOCK: "lock", Kind.READ: "read", Kind.WRITE: "write", Kind.PERMIT: "permit"}
-_BY_NAME = {v: k for k, v in _KIND.items()}
 _OPTIONS = ("username", "password", "ca_file", "cert_file", "key_file", "tls", "server_name",
             "connect_timeout", "request_timeout", "prefix")
-_CREATE = pb.Compare.CompareTarget.Value("CREATE")
-_EQUAL = pb.Compare.CompareResult.Value("EQUAL")
-_SORT_CREATE = pb.RangeRequest.SortTarget.Value("CREATE")
-_ASCEND = pb.RangeRequest.SortOrder.Value("ASCEND")
-_NOPUT = pb.WatchCreateRequest.FilterType.Value("NOPUT")
 
 
 class _LeaseGone(Exception):
     """The server has no such lease (expired or revoked)."""
 
-
-# -- the recipe (pure: decides from a listing) -------------------------------------------
-
-
-@dataclass(slots=True, frozen=True)
-class _Entry:
-    key: bytes
-    kind: Kind
-    owner: str
-    rev: int  # create_revision: the fencing token when it holds
-    lease: int
-    ttl_ms: int
-    limit: int
-
-
-def _entries(kvs: Sequence[Any], prefix: bytes) -> list[_Entry]:
-    """The claims of one family, oldest first (``kvs`` sorted by create_revision)."""
-    out = []
-    for kv in kvs:
-        kind_name, sep, owner = kv.key[len(prefix):].decode(errors="replace").partition("-")
-        kind = _BY_NAME.get(kind_name)
-        if kind is None or not sep:
-            continue
-        try:
-            ttl, _, limit = kv.value.decode().partition(":")
-            ttl_ms, lim = int(ttl), int(limit or 1)
-        except (UnicodeDecodeError, ValueError):
-            ttl_ms, lim = 30_000, 1
-        out.append(_Entry(kv.key, kind, owner, int(kv.create_revision), int(kv.lease), ttl_ms, lim))
-    return out
-
-
-def _holders(entries: list[_Entry], limit: int) -> list[_Entry]:
-    """The entries in a granted position."""
-    if not entries:
-        return []
-    family = entries[0].kind.family
-    if family == "lock":
-        return entries[:1]
-    if family == "sem":
-        return entries[:limit]
-    if entries[0].kind is Kind.WRITE:
-        return entries[:1]
-    out = []
-    for entry in entries:
-        if entry.kind is Kind.WRITE:
-            break
-        out.append(entry)
-    return out
-
-
-def _watch_targets(entries: list[_Entry], index: int, claim: Claim) -> list[_Entry]:
-    """The entries whose deletion may grant the one at ``index`` (not granted now)."""
-    if claim.kind is Kind.READ:
-        return [e for e in entries[:index] if e.kind is Kind.WRITE][-1:]
-    if claim.kind is Kind.PERMIT:
-        return entries[max(0, index - claim.limit) : index]
-    return entries[index - 1 : index]
-
-
-def _range_end(prefix: bytes) -> bytes:
-    return prefix[:-1] + bytes([prefix[-1] + 1])
-
-
-def _lease_seconds(ttl_ms: int) -> int:
-    return max(1, math.ceil(ttl_ms / 1000))
-
-
-# -- the two streams of a connection -------------------------------------------------------
-
-
-class _Stream:
-    """One bidirectional gRPC stream fed from a queue, read by a task."""
-
-    def __init__(self, call_factory: Any, on_response: Any, on_end: Any) -> None:
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._on_response = on_response
-        self._on_end = on_end
-        self.call = call_factory(self._requests())
-        self.reader = asyncio.get_running_loop().create_task(self._read())
-
-    async def _requests(self) -> AsyncIterator[Any]:
-        while True:
-            item = await self._queue.get()
-            if item is None:
-                return
-            yield item
-
-    def send(self, request: Any) -> None:
-        self._queue.put_nowait(request)
-
-    @property
-    def alive(self) -> bool:
-        return not self.reader.done()
-
-    async def _read(self) -> None:
-        error: BaseException | None = None
-        try:
-            async for response in self.call:
-                self._on_response(response)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            error = exc
-        finally:
-            self._on_end(self, error)
-
-    def close(self) -> None:
-        self._queue.put_nowait(None)
-        self.call.cancel()
-        self.reader.cancel()
 
 
 class EtcdBackend(Backend):
@@ -229,7 +67,7 @@ class EtcdBackend(Backend):
         tls: bool | None = None, server_name: str | None = None, connect_timeout: float = 5.0,
         request_timeout: float = 5.0, prefix: str = "aiolock",
     ) -> None:
-        self._hosts = _parse_hosts(hosts)
+        self._hosts = parse_hosts(hosts)
         for what, value in (("connect_timeout", connect_timeout), ("request_timeout", request_timeout)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{what} must be a number of seconds > 0, got {value!r}")
@@ -254,17 +92,22 @@ class EtcdBackend(Backend):
         self._request_timeout = float(request_timeout)
         self._prefix = prefix
         self._channel: Any = None
+        self._stubs: dict[str, Any] = {}
         self._metadata: tuple[tuple[str, str], ...] | None = None
+        self._reauth = False  # a stream was refused our token: log in again first
         self._ready_lock = asyncio.Lock()
         self._started = False
         self._closed = False
-        self._keepalive: _Stream | None = None
+        self._keepalive: Stream | None = None
         self._alive_waiting: dict[int, collections.deque[asyncio.Future[int]]] = {}
-        self._watch_stream: _Stream | None = None
+        self._watch_stream: Stream | None = None
         self._watch_ids = itertools.count(1)
         self._watch_owner: dict[int, str] = {}  # watch id -> owner of the claim it wakes
         self._waiters: dict[str, Waiter] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: releases and abandons under way, by family prefix: an inspect waits for them
+        #: (requests may take different members: this keeps them in order for the caller)
+        self._deleting: dict[bytes, set[asyncio.Future[None]]] = {}
         #: bumped whenever the watch stream ends: a Busy answer from before is stale
         self._epoch = 0
 
@@ -315,7 +158,7 @@ class EtcdBackend(Backend):
     @property
     def url(self) -> str:
         user = f"{quote(self._username, safe='')}@" if self._username else ""
-        return f"etcd://{user}" + ",".join(_hostport(h, p) for h, p in self._hosts)
+        return f"etcd://{user}" + ",".join(hostport(h, p) for h, p in self._hosts)
 
     # -- connection -----------------------------------------------------------------------
 
@@ -333,7 +176,10 @@ class EtcdBackend(Backend):
             try:
                 async with asyncio.timeout(self._connect_timeout):
                     if self._channel is None:
-                        self._channel = await self._open_channel()
+                        self._channel = await open_channel(
+                            self._hosts, tls=self._tls, files=self._files, server_name=self._server_name)
+                        self._stubs = {s: getattr(pb, f"{s}Stub")(self._channel)
+                                       for s in ("KV", "Lease", "Watch", "Auth")}
                     await self._channel.channel_ready()
                     if self._username:
                         await self._authenticate()
@@ -350,37 +196,18 @@ class EtcdBackend(Backend):
                 raise BackendUnavailable(f"cannot reach etcd at {self.url}: {exc}") from exc
             self._started = True
 
-    async def _open_channel(self) -> Any:
-        addrs = await _resolve(self._hosts)
-        target = addrs[0] if len(addrs) == 1 else "ipv4:" + ",".join(addrs)
-        if len(addrs) > 1 and addrs[0].startswith("["):
-            target = "ipv6:" + ",".join(addrs)
-        options: list[tuple[str, Any]] = [
-            ("grpc.lb_policy_name", "round_robin"),
-            ("grpc.keepalive_time_ms", 5000),
-            ("grpc.keepalive_timeout_ms", 2000),
-            ("grpc.keepalive_permit_without_calls", 0),
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 1000),
-            ("grpc.enable_retries", 0),
-        ]
-        if not self._tls:
-            return grpc.aio.insecure_channel(target, options=options)
-        files = self._files
-        creds = grpc.ssl_channel_credentials(files.get("ca"), files.get("key"), files.get("cert"))
-        name = self._server_name or (self._hosts[0][0] if len(addrs) > 1 else None)
-        if name:
-            options += [("grpc.ssl_target_name_override", name), ("grpc.default_authority", name)]
-        return grpc.aio.secure_channel(target, creds, options=options)
-
     async def _authenticate(self) -> None:
         request = pb.AuthenticateRequest(name=self._username, password=self._password)
         try:
-            reply = await pb.AuthStub(self._channel).Authenticate(request, timeout=self._request_timeout)
+            reply = await self._stubs["Auth"].Authenticate(request, timeout=self._request_timeout)
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc, "authentication") from None
         self._metadata = (("token", reply.token),)
+        self._reauth = False
+
+    async def _check_token(self) -> None:
+        if self._reauth and self._username:
+            await self._authenticate()
 
     def _error(self, exc: Any, what: str) -> Exception:
         code = exc.code()
@@ -400,7 +227,7 @@ class EtcdBackend(Backend):
         return LockError(text)
 
     async def _unary(self, service: str, method: str, request: Any, what: str) -> Any:
-        stub = getattr(pb, f"{service}Stub")(self._channel)
+        stub = self._stubs[service]
         for attempt in (1, 2):
             try:
                 return await getattr(stub, method)(
@@ -426,11 +253,11 @@ class EtcdBackend(Backend):
 
     # -- keep-alive stream ----------------------------------------------------------------
 
-    def _keepalive_stream(self) -> _Stream:
+    def _keepalive_stream(self) -> Stream:
         stream = self._keepalive
         if stream is None or not stream.alive:
-            stub = pb.LeaseStub(self._channel)
-            stream = self._keepalive = _Stream(
+            stub = self._stubs["Lease"]
+            stream = self._keepalive = Stream(
                 lambda it: stub.LeaseKeepAlive(it, metadata=self._metadata),
                 self._on_keepalive, self._keepalive_ended)
         return stream
@@ -444,7 +271,12 @@ class EtcdBackend(Backend):
             if not future.done():
                 future.set_result(int(response.TTL))
 
-    def _keepalive_ended(self, stream: _Stream, error: BaseException | None) -> None:
+    def _note_auth(self, error: BaseException | None) -> None:
+        if isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.UNAUTHENTICATED:
+            self._reauth = True
+
+    def _keepalive_ended(self, stream: Stream, error: BaseException | None) -> None:
+        self._note_auth(error)
         if self._keepalive is stream:
             self._keepalive = None
         waiting, self._alive_waiting = self._alive_waiting, {}
@@ -452,12 +284,13 @@ class EtcdBackend(Backend):
             for future in futures:
                 if not future.done():
                     future.set_exception(BackendUnavailable(
-                        f"the etcd keep-alive stream to {self.url} ended ({_brief(error)})"))
+                        f"the etcd keep-alive stream to {self.url} ended ({brief(error)})"))
         if error is not None and not self._closed:
-            log.debug("etcd keep-alive stream ended: %s", _brief(error))
+            log.debug("etcd keep-alive stream ended: %s", brief(error))
 
     async def _keep_alive(self, leases: Sequence[int]) -> list[int]:
         """One keep-alive per lease over the connection's stream: each one's TTL (0: gone)."""
+        await self._check_token()
         stream = self._keepalive_stream()
         loop = asyncio.get_running_loop()
         futures = []
@@ -467,12 +300,15 @@ class EtcdBackend(Backend):
             futures.append(future)
             stream.send(pb.LeaseKeepAliveRequest(ID=lease))
         try:
-            return list(await asyncio.gather(*futures))
+            async with asyncio.timeout(self._request_timeout):
+                return list(await asyncio.gather(*futures))
         except TimeoutError:
             if self._keepalive is stream:  # stuck (a member cut off?): start afresh
                 self._keepalive = None
                 stream.close()
-            raise
+            raise BackendUnavailable(
+                f"etcd at {self.url} did not answer a keep-alive within {self._request_timeout} s"
+            ) from None
         finally:
             for future in futures:
                 if not future.done():
@@ -480,11 +316,11 @@ class EtcdBackend(Backend):
 
     # -- watch stream ---------------------------------------------------------------------
 
-    def _watch_stream_open(self) -> _Stream:
+    def _watch_stream_open(self) -> Stream:
         stream = self._watch_stream
         if stream is None or not stream.alive:
-            stub = pb.WatchStub(self._channel)
-            stream = self._watch_stream = _Stream(
+            stub = self._stubs["Watch"]
+            stream = self._watch_stream = Stream(
                 lambda it: stub.Watch(it, metadata=self._metadata), self._on_watch, self._watch_ended)
         return stream
 
@@ -504,14 +340,15 @@ class EtcdBackend(Backend):
         if waiter is not None:
             waiter.wake()
 
-    def _watch_ended(self, stream: _Stream, error: BaseException | None) -> None:
+    def _watch_ended(self, stream: Stream, error: BaseException | None) -> None:
+        self._note_auth(error)
         if self._watch_stream is stream:
             self._watch_stream = None
         self._epoch += 1
         self._watch_owner.clear()
         if not self._closed:
             if error is not None:
-                log.debug("etcd watch stream ended: %s", _brief(error))
+                log.debug("etcd watch stream ended: %s", brief(error))
             for waiter in list(self._waiters.values()):  # never trust a watch across this
                 waiter.wake()
 
@@ -531,7 +368,7 @@ class EtcdBackend(Backend):
             self._watch_owner[watch_id] = claim.owner
             current[key] = watch_id
             stream.send(pb.WatchRequest(create_request=pb.WatchCreateRequest(
-                key=key, start_revision=start, filters=[_NOPUT], watch_id=watch_id)))
+                key=key, start_revision=start, filters=[NOPUT], watch_id=watch_id)))
 
     def _cancel_watch(self, watch_id: int) -> None:
         if self._watch_owner.pop(watch_id, None) is not None:
@@ -549,6 +386,9 @@ class EtcdBackend(Backend):
     def _family_prefix(self, name: str, kind: Kind) -> bytes:
         return f"{self._prefix}/{kind.family}/{quote(name, safe='')}/".encode()
 
+    def _claim_key(self, claim: Claim) -> bytes:
+        return self._family_prefix(claim.name, claim.kind) + f"{KIND[claim.kind]}-{claim.owner}".encode()
+
     def _forget(self, claim: Claim) -> None:
         self._unwatch(claim)
         for key in ("lease", "lease_ttl", "confirmed", "rev", "busy", "asked", "granted", "revoking"):
@@ -558,7 +398,7 @@ class EtcdBackend(Backend):
         lease = secrets.randbelow(2**62) + 1  # ours: an abandon can revoke it before the reply
         claim.state["lease"] = lease
         sent = time.monotonic()
-        request = pb.LeaseGrantRequest(TTL=_lease_seconds(claim.ttl_ms), ID=lease)
+        request = pb.LeaseGrantRequest(TTL=lease_seconds(claim.ttl_ms), ID=lease)
         reply = await self._unary("Lease", "LeaseGrant", request, "a lease grant")
         if reply.error:
             raise LockError(f"etcd at {self.url} refused a lease: {reply.error}")
@@ -593,6 +433,7 @@ class EtcdBackend(Backend):
         if busy is not None:
             return busy
         async with self._bounded("an acquire"):
+            await self._check_token()
             return await self._try_acquire(claim)
 
     def _same_answer(self, claim: Claim) -> Busy | None:
@@ -612,16 +453,16 @@ class EtcdBackend(Backend):
     async def _try_acquire(self, claim: Claim) -> Granted | Busy:
         started = time.monotonic()
         prefix = self._family_prefix(claim.name, claim.kind)
-        key = prefix + f"{_KIND[claim.kind]}-{claim.owner}".encode()
+        key = self._claim_key(claim)
         value = f"{claim.ttl_ms}:{claim.limit}".encode()
         listing = pb.RequestOp(request_range=pb.RangeRequest(
-            key=prefix, range_end=_range_end(prefix), sort_target=_SORT_CREATE, sort_order=_ASCEND))
+            key=prefix, range_end=range_end(prefix), sort_target=SORT_CREATE, sort_order=ASCEND))
         for _ in range(4):
             lease = claim.state.get("lease")
             if not isinstance(lease, int):
                 lease = await self._grant_lease(claim)
             txn = pb.TxnRequest(
-                compare=[pb.Compare(key=key, target=_CREATE, result=_EQUAL, create_revision=0)],
+                compare=[pb.Compare(key=key, target=CREATE, result=EQUAL, create_revision=0)],
                 success=[pb.RequestOp(request_put=pb.PutRequest(key=key, value=value, lease=lease)), listing],
                 failure=[listing],
             )
@@ -630,7 +471,7 @@ class EtcdBackend(Backend):
             except _LeaseGone:  # our lease expired while we waited: start again
                 self._forget(claim)
                 continue
-            entries = _entries(reply.responses[-1].response_range.kvs, prefix)
+            entries = recipe.entries(reply.responses[-1].response_range.kvs, prefix)
             index = next((i for i, e in enumerate(entries) if e.owner == claim.owner), None)
             if index is None:  # cannot be (one transaction), but never grant on it
                 self._forget(claim)
@@ -641,14 +482,14 @@ class EtcdBackend(Backend):
                 claim.state["confirmed"] = 0.0  # unknown: refresh before believing it
                 claim.state["lease_ttl"] = 0
             claim.state["rev"] = me.rev
-            if any(e.owner == claim.owner for e in _holders(entries, claim.limit)):
+            if any(e.owner == claim.owner for e in recipe.holders(entries, claim.limit)):
                 if self._left_ms(claim, started) < claim.ttl_ms / 2 and not await self._refresh(claim):
                     self._forget(claim)
                     continue
                 self._unwatch(claim)
                 claim.state["granted"] = True
                 return Granted(me.rev, self._left_ms(claim, started))
-            targets = {e.key for e in _watch_targets(entries, index, claim)}
+            targets = {e.key for e in recipe.watch_targets(entries, index, claim)}
             self._watch(claim, targets, int(reply.header.revision) + 1)
             # keep our own lease (our place in the queue) alive while we wait
             ttl = claim.state["lease_ttl"]
@@ -699,10 +540,9 @@ class EtcdBackend(Backend):
         assert isinstance(rev, int)
         sent = time.monotonic()
         lease = await self._grant_lease(claim)
-        prefix = self._family_prefix(claim.name, claim.kind)
-        key = prefix + f"{_KIND[claim.kind]}-{claim.owner}".encode()
+        key = self._claim_key(claim)
         txn = pb.TxnRequest(
-            compare=[pb.Compare(key=key, target=_CREATE, result=_EQUAL, create_revision=rev)],
+            compare=[pb.Compare(key=key, target=CREATE, result=EQUAL, create_revision=rev)],
             success=[pb.RequestOp(request_put=pb.PutRequest(
                 key=key, value=f"{claim.ttl_ms}:{claim.limit}".encode(), lease=lease))],
         )
@@ -714,6 +554,20 @@ class EtcdBackend(Backend):
             return None
         return self._left_ms(claim, sent)
 
+    @contextlib.contextmanager
+    def _deletion(self, claim: Claim) -> Iterator[None]:
+        prefix = self._family_prefix(claim.name, claim.kind)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._deleting.setdefault(prefix, set()).add(done)
+        try:
+            yield
+        finally:
+            done.set_result(None)
+            pending = self._deleting[prefix]
+            pending.discard(done)
+            if not pending:
+                del self._deleting[prefix]
+
     async def release(self, claim: Claim) -> bool:
         self._unwatch(claim)
         lease = claim.state.get("lease")
@@ -721,12 +575,13 @@ class EtcdBackend(Backend):
             return False
         repeated = claim.state.get("revoking") == lease  # an earlier release was interrupted
         claim.state["revoking"] = lease
-        async with self._bounded("a release"):
-            try:
-                await self._unary("Lease", "LeaseRevoke", pb.LeaseRevokeRequest(ID=lease), "a release")
-                held = True
-            except _LeaseGone:
-                held = repeated
+        with self._deletion(claim):
+            async with self._bounded("a release"):
+                try:
+                    await self._unary("Lease", "LeaseRevoke", pb.LeaseRevokeRequest(ID=lease), "a release")
+                    held = True
+                except _LeaseGone:
+                    held = repeated
         self._forget(claim)
         return held
 
@@ -741,9 +596,14 @@ class EtcdBackend(Backend):
             return
         # Revoking deletes our key; a put still in flight finds no lease and fails; a
         # grant still in flight makes a lease without keys, which expires by its ttl.
-        async with self._bounded("an abandon"):
-            with contextlib.suppress(_LeaseGone):
-                await self._unary("Lease", "LeaseRevoke", pb.LeaseRevokeRequest(ID=lease), "an abandon")
+        # Then the key is deleted by its name (our owner id) too, whatever lease it has
+        # (one attached to an earlier lease of this claim, say).
+        key = self._claim_key(claim)
+        with self._deletion(claim):
+            async with self._bounded("an abandon"):
+                with contextlib.suppress(_LeaseGone):
+                    await self._unary("Lease", "LeaseRevoke", pb.LeaseRevokeRequest(ID=lease), "an abandon")
+                await self._unary("KV", "DeleteRange", pb.DeleteRangeRequest(key=key), "an abandon")
         self._forget(claim)
 
     async def _revoke_quietly(self, lease: int) -> None:
@@ -800,14 +660,17 @@ class EtcdBackend(Backend):
 
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
         prefix = self._family_prefix(name, kind)
-        request = pb.RangeRequest(key=prefix, range_end=_range_end(prefix),
-                                  sort_target=_SORT_CREATE, sort_order=_ASCEND)
+        request = pb.RangeRequest(key=prefix, range_end=range_end(prefix),
+                                  sort_target=SORT_CREATE, sort_order=ASCEND)
+        pending = self._deleting.get(prefix)
+        if pending:  # our own releases first
+            await asyncio.wait(list(pending), timeout=self._request_timeout)
         async with self._bounded("an inspect"):
             reply = await self._unary("KV", "Range", request, "an inspect")
-            entries = _entries(reply.kvs, prefix)
+            entries = recipe.entries(reply.kvs, prefix)
             if not entries:
                 return LockInfo(name, False)
-            holders = _holders(entries, entries[0].limit)
+            holders = recipe.holders(entries, entries[0].limit)
             lives = await asyncio.gather(*(
                 self._unary("Lease", "LeaseTimeToLive", pb.LeaseTimeToLiveRequest(ID=e.lease), "an inspect")
                 for e in holders))
@@ -840,59 +703,3 @@ class EtcdBackend(Backend):
         if self._channel is not None:
             with contextlib.suppress(Exception):
                 await self._channel.close()
-
-
-def _brief(error: BaseException | None) -> str:
-    if error is None:
-        return "closed"
-    if isinstance(error, grpc.aio.AioRpcError):
-        return f"{error.code().name} {error.details() or ''}"
-    return f"{type(error).__name__}: {error}"
-
-
-def _hostport(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _parse_hosts(hosts: str) -> list[tuple[str, int]]:
-    if not isinstance(hosts, str) or not hosts.strip():
-        raise ValueError("give etcd endpoints as 'host:port,host:port'")
-    out = []
-    for item in hosts.split(","):
-        item = item.strip()
-        if item.startswith("["):
-            host, _, rest = item[1:].partition("]")
-            port = rest[1:] if rest.startswith(":") else ""
-        elif item.count(":") == 1:
-            host, _, port = item.partition(":")
-        else:
-            host, port = item, ""
-        port = port or str(DEFAULT_PORT)
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"bad etcd endpoint {item!r} in {hosts!r}: expected host:port")
-        out.append((host, int(port)))
-    return out
-
-
-async def _resolve(hosts: list[tuple[str, int]]) -> list[str]:
-    """``host:port`` targets for gRPC: one endpoint as given; several as addresses (a
-    gRPC target lists addresses, not names), IPv4 first."""
-    if len(hosts) == 1:
-        return [_hostport(*hosts[0])]
-    loop = asyncio.get_running_loop()
-    v4: list[str] = []
-    v6: list[str] = []
-    for host, port in hosts:
-        try:
-            addr = ipaddress.ip_address(host)
-            (v6 if addr.version == 6 else v4).append(_hostport(host, port))
-            continue
-        except ValueError:
-            pass
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        for family, _, _, _, sockaddr in infos:
-            text = _hostport(str(sockaddr[0]), port)
-            bucket = v6 if family == socket.AF_INET6 else v4
-            if text not in bucket:
-                bucket.append(text)
-    return v4 or v6

@@ -1,0 +1,52 @@
+"""``etcd://host:port,host:port``: locks on etcd v3 (one member or a cluster).
+
+Client: ``etcd3aio`` (``pip install 'aiolock[etcd]'``) for its generated etcd v3
+protobuf messages and gRPC stubs, over our own ``grpc.aio`` channel. Chosen on merit:
+it is maintained, built on ``grpc.aio``, typed, and works with current grpcio/protobuf.
+``aetcd`` opens plaintext channels to one host only (no TLS, no endpoint list) and one
+keep-alive stream per lease; ``etcd3aio``'s own ``Lock`` and ``LeaseKeepalive`` run a
+task and a stream per lease and a stream per watch, and retry non-idempotent calls.
+So the recipe, the one keep-alive stream and the one watch stream per connection are
+ours; only the wire format is borrowed.
+
+Layout: every claim is one key ``<prefix>/<family>/<escaped name>/<kind>-<owner>``
+(family ``lock``, ``rw`` or ``sem``; kind ``lock``, ``read``, ``write``, ``permit``;
+``owner`` the claim's per-acquisition id) attached to an etcd lease of its own, with the
+claim's ttl and limit as its value. The name is percent-encoded into one path component.
+
+Recipe (etcd's own ``concurrency.Mutex``, generalised like our ZooKeeper recipes): one
+transaction puts our key if it does not exist yet and lists the family's keys sorted by
+``create_revision``. Granted: a mutex or writer whose key is first; a reader with no
+writer key before it (a waiting writer blocks later readers: writers are not starved);
+a permit among the first ``limit`` keys. Otherwise the waiter watches the deletion of
+the key(s) just before its own (for a reader the last writer before it, for a permit
+the ``limit`` keys before it), from the listing's revision on: no herd, nothing missed,
+and first come, first served by construction (every claim is fair). The fencing token
+is the holder key's ``create_revision``, which only grows in the cluster's history.
+
+Leases (what ``ttl`` means): each claim has its own etcd lease, granted with
+``max(ceil(ttl), the server's minimum)`` seconds (etcd leases are whole seconds; the
+server's minimum is 1.5 election timeouts, rounded up). We choose the lease id
+ourselves, so an acquire cancelled mid-flight is abandoned by revoking that id: the
+revocation deletes the key, and a put that arrives later fails for lack of its lease
+(no orphan can outlive the lease's ttl). The watchdog's renewals go, in batches, over
+ONE ``LeaseKeepAlive`` stream per connection (one request per lease on it); a waiting
+claim's lease is kept alive by its own re-checks. The client believes a lease for
+``min(ttl, granted ttl)`` from when the grant or keep-alive was *sent*; the server keeps
+it at least that long, so a holder never believes a lease the server dropped. A holder
+that dies frees the lock when its lease expires: within ``max(ceil(ttl), min ttl)`` plus
+the server's expiry sweep (0.5 s). A lease extended beyond its etcd ttl
+(``Lease.extend``) is moved to a new, longer etcd lease (the key keeps its
+``create_revision``, so its token).
+
+Errors: an unreachable cluster raises :class:`aiolock.BackendUnavailable` within
+``connect_timeout`` (requests within ``request_timeout``; a cluster without quorum does
+not answer writes: renewals fail and leases are lost at their last confirmed expiry);
+refused credentials or permissions raise :class:`aiolock.AccessDenied`. The least
+permissions: a role with ``readwrite`` on the key prefix (``etcdctl role
+grant-permission aiolock-role --prefix=true readwrite aiolock/``).
+"""
+
+from ._backend import EtcdBackend
+
+__all__ = ["EtcdBackend"]
