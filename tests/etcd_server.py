@@ -76,6 +76,11 @@ class EtcdServer(ServerProcess):
         self.peer_port = peer_port or free_port()
         self.initial_cluster = initial_cluster or f"{name}=http://127.0.0.1:{self.peer_port}"
         self.certs = certs
+        # the data on tmpfs where there is one: etcd fsyncs every proposal (3.4 has no
+        # --unsafe-no-fsync), which on a busy disk can take tens of milliseconds
+        shm = Path("/dev/shm")
+        self.data_dir = (Path(tempfile.mkdtemp(prefix="aiolock-etcd-data-", dir=shm))
+                         if shm.is_dir() and os.access(shm, os.W_OK) else self.dir / "data")
         self.cluster_token = cluster_token or f"aiolock-{os.getpid()}-{self.peer_port}"
         self.started_once = False
 
@@ -94,7 +99,7 @@ class EtcdServer(ServerProcess):
     def command(self) -> list[str]:
         client = f"{self.scheme}://127.0.0.1:{self.port}"
         cmd = [
-            ETCD, "--name", self.name, "--data-dir", str(self.dir / "data"),
+            ETCD, "--name", self.name, "--data-dir", str(self.data_dir),
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", f"http://127.0.0.1:{self.peer_port}",
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_port}",
@@ -133,6 +138,10 @@ class EtcdServer(ServerProcess):
                 return
             time.sleep(0.05)
         raise RuntimeError(f"etcd did not come up on {self.endpoint} within {timeout}s")
+
+    def close(self) -> None:
+        super().close()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def healthy(self, timeout: float = 1.0) -> bool:
         try:
@@ -252,7 +261,7 @@ class EtcdCluster:
 
     def close(self) -> None:
         for member in self.members:
-            member.stop(member.close_signal)
+            member.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -24,20 +24,26 @@ the ``limit`` keys before it), from the listing's revision on: no herd, nothing 
 and first come, first served by construction (every claim is fair). The fencing token
 is the holder key's ``create_revision``, which only grows in the cluster's history.
 
-Leases (what ``ttl`` means): each claim has its own etcd lease, granted with
-``max(ceil(ttl), the server's minimum)`` seconds (etcd leases are whole seconds; the
-server's minimum is 1.5 election timeouts, rounded up). We choose the lease id
-ourselves, so an acquire cancelled mid-flight is abandoned by revoking that id: the
-revocation deletes the key, and a put that arrives later fails for lack of its lease
-(no orphan can outlive the lease's ttl). The watchdog's renewals go, in batches, over
-ONE ``LeaseKeepAlive`` stream per connection (one request per lease on it); a waiting
-claim's lease is kept alive by its own re-checks. The client believes a lease for
-``min(ttl, granted ttl)`` from when the grant or keep-alive was *sent*; the server keeps
-it at least that long, so a holder never believes a lease the server dropped. A holder
-that dies frees the lock when its lease expires: within ``max(ceil(ttl), min ttl)`` plus
-the server's expiry sweep (0.5 s). A lease extended beyond its etcd ttl
-(``Lease.extend``) is moved to a new, longer etcd lease (the key keeps its
-``create_revision``, so its token).
+Leases (what ``ttl`` means): each claim's key is attached to an etcd lease of its own
+(never shared with another live claim, so one claim's renewals cannot keep another's
+key alive), of ``max(ceil(ttl), the server's minimum)`` seconds (etcd leases are whole
+seconds; the server's minimum is 1.5 election timeouts, rounded up). The watchdog's
+renewals go, in batches, over ONE ``LeaseKeepAlive`` stream per connection (one
+message per lease on it); a waiting claim's lease is kept alive by its own re-checks.
+The client believes a lease for ``min(ttl, granted ttl)`` from when the grant or the
+keep-alive was *sent*; the server keeps it at least that long, so a holder never
+believes a lease the server dropped. A holder that dies frees the lock when its lease
+expires: within ``max(ceil(ttl), min ttl)`` plus the server's expiry sweep (0.5 s). A
+lease extended beyond its etcd ttl (``Lease.extend``) is moved to a new, longer etcd
+lease (the key keeps its ``create_revision``, so its token).
+
+Requests: a release deletes the key and keeps its (now keyless) lease as a spare; an
+acquire takes a spare whose last confirmation left over half its ttl (or has one granted
+ahead), so an uncontended acquire + release is two requests, the put-and-list
+transaction and the delete, like a bare put-if-absent. Lease ids are chosen here, so an
+acquire cancelled mid-flight is abandoned by revoking its lease: the revocation deletes
+the key, and a put that arrives later fails for lack of its lease (the key, found by its
+owner id, is deleted too). Spares are revoked on close (else they expire by their ttl).
 
 Errors: an unreachable cluster raises :class:`aiolock.BackendUnavailable` within
 ``connect_timeout`` (requests within ``request_timeout``; a cluster without quorum does

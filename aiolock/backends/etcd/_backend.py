@@ -43,6 +43,10 @@ MAX_RECHECK = 5.0
 #: A claim answered Busy and then neither asked again nor listening for this long (the
 #: core gave up after one try) loses its key.
 UNATTENDED = 0.5
+#: Spare leases are kept for at most this many lease lengths (seconds) at once...
+SPARE_TTLS = 8
+#: ... and at most this many of one length.
+SPARES = 32
 _OPTIONS = ("username", "password", "ca_file", "cert_file", "key_file", "tls", "server_name",
             "connect_timeout", "request_timeout", "prefix")
 
@@ -105,6 +109,11 @@ class EtcdBackend(Backend):
         self._watch_owner: dict[int, str] = {}  # watch id -> owner of the claim it wakes
         self._waiters: dict[str, Waiter] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: lease seconds -> leases with no key on them: (id, last confirmed, ttl); granted
+        #: ahead, or given back by a release (which deletes the key, not the lease). An
+        #: acquire takes one and needs one request, not two.
+        self._spares: dict[int, list[tuple[int, float, int]]] = {}
+        self._replenishing: set[int] = set()
         #: releases and abandons under way, by family prefix: an inspect waits for them
         #: (requests may take different members: this keeps them in order for the caller)
         self._deleting: dict[bytes, set[asyncio.Future[None]]] = {}
@@ -394,6 +403,59 @@ class EtcdBackend(Backend):
         for key in ("lease", "lease_ttl", "confirmed", "rev", "busy", "asked", "granted", "revoking"):
             claim.state.pop(key, None)
 
+    async def _new_lease(self, claim: Claim) -> int:
+        """A lease for ``claim``: the spare one if it is fresh (over half its ttl left),
+        else granted now; either way another spare is asked for in the background."""
+        ttl_s = lease_seconds(claim.ttl_ms)
+        spares = self._spares.get(ttl_s, [])
+        while spares:
+            lease, sent, granted = spares.pop()
+            if sent + granted - time.monotonic() > granted / 2:
+                claim.state.update(lease=lease, confirmed=sent, lease_ttl=granted)
+                break
+            self._spawn(self._revoke_quietly(lease))
+        else:
+            lease = 0
+        if not spares:
+            self._spares.pop(ttl_s, None)
+            self._replenish(ttl_s)
+        return lease or await self._grant_lease(claim)
+
+    def _give_back(self, claim: Claim) -> None:
+        """After a release that deleted the key: keep its lease as a spare."""
+        lease, sent, granted = (claim.state.get(k) for k in ("lease", "confirmed", "lease_ttl"))
+        if not (isinstance(lease, int) and isinstance(sent, float) and isinstance(granted, int)):
+            return
+        ttl_s = lease_seconds(claim.ttl_ms)
+        spares = self._spares.get(ttl_s)
+        if spares is None and len(self._spares) + len(self._replenishing) < SPARE_TTLS:
+            spares = self._spares[ttl_s] = []
+        if spares is not None and len(spares) < SPARES and not self._closed:
+            spares.append((lease, sent, granted))
+        else:
+            self._spawn(self._revoke_quietly(lease))
+
+    def _replenish(self, ttl_s: int) -> None:
+        if (self._closed or ttl_s in self._spares or ttl_s in self._replenishing
+                or len(self._spares) + len(self._replenishing) >= SPARE_TTLS):
+            return
+        self._replenishing.add(ttl_s)
+        self._spawn(self._grant_spare(ttl_s))
+
+    async def _grant_spare(self, ttl_s: int) -> None:
+        lease = secrets.randbelow(2**62) + 1
+        sent = time.monotonic()
+        try:
+            async with self._bounded("a lease grant"):
+                reply = await self._unary("Lease", "LeaseGrant", pb.LeaseGrantRequest(TTL=ttl_s, ID=lease),
+                                          "a lease grant")
+            if not reply.error and not self._closed:
+                self._spares.setdefault(ttl_s, []).append((lease, sent, int(reply.TTL)))
+        except Exception as exc:  # the next acquire grants its own
+            log.debug("granting a spare etcd lease failed: %s", exc)
+        finally:
+            self._replenishing.discard(ttl_s)
+
     async def _grant_lease(self, claim: Claim) -> int:
         lease = secrets.randbelow(2**62) + 1  # ours: an abandon can revoke it before the reply
         claim.state["lease"] = lease
@@ -460,7 +522,7 @@ class EtcdBackend(Backend):
         for _ in range(4):
             lease = claim.state.get("lease")
             if not isinstance(lease, int):
-                lease = await self._grant_lease(claim)
+                lease = await self._new_lease(claim)
             txn = pb.TxnRequest(
                 compare=[pb.Compare(key=key, target=CREATE, result=EQUAL, create_revision=0)],
                 success=[pb.RequestOp(request_put=pb.PutRequest(key=key, value=value, lease=lease)), listing],
@@ -577,11 +639,11 @@ class EtcdBackend(Backend):
         claim.state["revoking"] = lease
         with self._deletion(claim):
             async with self._bounded("a release"):
-                try:
-                    await self._unary("Lease", "LeaseRevoke", pb.LeaseRevokeRequest(ID=lease), "a release")
-                    held = True
-                except _LeaseGone:
-                    held = repeated
+                request = pb.DeleteRangeRequest(key=self._claim_key(claim))
+                reply = await self._unary("KV", "DeleteRange", request, "a release")
+        held = reply.deleted > 0 or repeated
+        if reply.deleted > 0:
+            self._give_back(claim)  # the lease lives on, with no key: the next acquire's
         self._forget(claim)
         return held
 
@@ -700,6 +762,14 @@ class EtcdBackend(Backend):
                     await stream.reader
         self._waiters.clear()
         self._watch_owner.clear()
+        spares = [spare for pool in self._spares.values() for spare in pool]
+        self._spares.clear()
+        if spares and self._channel is not None:  # (unused, they would expire by their ttl)
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(min(1.0, self._request_timeout)):
+                    await asyncio.gather(*(
+                        self._unary("Lease", "LeaseRevoke", pb.LeaseRevokeRequest(ID=lease), "a revoke")
+                        for lease, _, _ in spares), return_exceptions=True)
         if self._channel is not None:
             with contextlib.suppress(Exception):
                 await self._channel.close()
