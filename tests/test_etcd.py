@@ -342,3 +342,51 @@ async def test_tls_without_client_certificate_is_refused(
             async with aiolock.connect(url, connect_timeout=1):
                 pass
         assert time.monotonic() - started < 3
+
+
+async def test_blackholed_holder_knows_before_anyone_else_gets_it(url: str, etcd: EtcdServer) -> None:
+    from .faults.proxy import Proxy
+
+    proxy = await Proxy(etcd.port).start()
+    try:
+        query = url.partition("?")[2]
+        async with aiolock.connect(f"etcd://127.0.0.1:{proxy.port}?{query}&request_timeout=0.5") as cut, \
+                aiolock.connect(url) as other:
+            lease = await cut.lock("b", ttl=2).acquire()
+            lost_at: list[float] = []
+            lease._hold.callbacks.append(lambda: lost_at.append(time.monotonic()))
+            proxy.set_faults(up=True, down=True)  # nothing moves either way
+            started = time.monotonic()
+            with pytest.raises(aiolock.BackendUnavailable):
+                await cut.lock("b2").acquire(timeout=5)
+            assert time.monotonic() - started < 1.5
+            theirs = await other.lock("b").acquire(timeout=6)  # once the server expired it
+            granted_at = time.monotonic()
+            assert lease.lost and lost_at and lost_at[0] <= granted_at  # it knew first
+            assert theirs.token > lease.token
+            await theirs.release()
+            proxy.heal()
+            async with asyncio.timeout(10):  # and it recovers
+                while True:
+                    try:
+                        async with cut.lock("b3"):
+                            break
+                    except aiolock.BackendUnavailable:
+                        await asyncio.sleep(0.2)
+    finally:
+        await proxy.aclose()
+
+
+async def test_a_stale_spare_lease_is_replaced(url: str) -> None:
+    async with aiolock.connect(url) as locks:
+        backend = locks.backend
+        assert isinstance(backend, EtcdBackend)
+        lease = await locks.lock("s", ttl=1).acquire()
+        await lease.release()  # its etcd lease is kept as a spare
+        pool = backend._spares[1]
+        assert pool
+        await asyncio.sleep(1.6)  # expired on the server (1 s + the 0.5 s sweep)
+        pool[:] = [(lid, time.monotonic(), ttl) for lid, _, ttl in pool]  # believed fresh
+        again = await locks.lock("s", ttl=1).acquire(timeout=2)  # the put finds no lease: a new one
+        assert again.token > lease.token and not again.lost
+        await again.release()
