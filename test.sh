@@ -15,6 +15,7 @@ command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
 { command -v java >/dev/null 2>&1 && [ -f /usr/share/java/zookeeper.jar ]; } || need_pkgs+=(zookeeper)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_pkgs+=(postgresql)
 command -v memcached >/dev/null 2>&1 || need_pkgs+=(memcached)
+{ command -v etcd >/dev/null 2>&1 && command -v etcdctl >/dev/null 2>&1; } || need_pkgs+=(etcd-server etcd-client)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "installing: ${need_pkgs[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

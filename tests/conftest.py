@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -30,9 +31,10 @@ BACKENDS += [
         ("redis-cluster", "aiolock.backends.redis_cluster"),
         ("redis-sentinel", "aiolock.backends.redis_sentinel"),
         ("redlock", "aiolock.backends.redlock"),
-        ("etcd", "etcd3aio"), ("etcd-cluster", "etcd3aio"),
     ) if importlib.util.find_spec(module) is not None
 ]
+if importlib.util.find_spec("etcd3aio") is not None and shutil.which("etcd") is not None:
+    BACKENDS += ["etcd", "etcd-cluster"]
 
 
 @pytest.fixture(scope="session")

@@ -87,6 +87,14 @@ def test_url_parsing_and_validation() -> None:
         EtcdBackend.from_url("etcd://h1", ca_file="/nonexistent/ca.pem")
 
 
+def test_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in [m for m in sys.modules if m.startswith("aiolock.backends.etcd")]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setitem(sys.modules, "etcd3aio", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"pip install 'aiolock\[etcd\]'"):
+        aiolock.connect("etcd://127.0.0.1:2379")
+
+
 async def test_unreachable_is_bounded() -> None:
     started = time.monotonic()
     with pytest.raises(aiolock.BackendUnavailable):
