@@ -45,6 +45,14 @@ acquire cancelled mid-flight is abandoned by revoking its lease: the revocation 
 the key, and a put that arrives later fails for lack of its lease (the key, found by its
 owner id, is deleted too). Spares are revoked on close (else they expire by their ttl).
 
+Pauses: Jepsen's analysis of etcd 3.4.3 (2020) showed that etcd locks, like every lease
+lock, cannot by themselves guarantee mutual exclusion: a holder paused or cut off past
+its lease keeps running while the server expires the lease and grants the lock to the
+next client. Here the holder knows no later than its last confirmed expiry (a woken
+process sees ``lease.lost`` at once; tested with SIGSTOP and a blackholed connection),
+but a write already under way cannot be recalled: protected resources must check the
+fencing token (the key's ``create_revision``) and refuse lower ones.
+
 Errors: an unreachable cluster raises :class:`aiolock.BackendUnavailable` within
 ``connect_timeout`` (requests within ``request_timeout``; a cluster without quorum does
 not answer writes: renewals fail and leases are lost at their last confirmed expiry);
