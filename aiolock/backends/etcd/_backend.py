@@ -721,6 +721,12 @@ class EtcdBackend(Backend):
             self._spawn(self._revoke_quietly(lease))
 
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
+        """Holders, token and time left (the server's, in whole seconds) from one listing.
+
+        ``last_token`` is the newest claim key's ``create_revision`` while any key exists,
+        None once the name is free: etcd keeps no trace of deleted keys but its history,
+        and a counter key per name would stay in etcd forever for every name ever locked.
+        """
         prefix = self._family_prefix(name, kind)
         request = pb.RangeRequest(key=prefix, range_end=range_end(prefix),
                                   sort_target=SORT_CREATE, sort_order=ASCEND)
