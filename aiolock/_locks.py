@@ -11,16 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ._election import Election
 from ._lease import Lease, _Hold
 from ._lock import Lock
-from ._validate import check_limit, check_name
+from ._validate import MAX_NAME_LENGTH, check_limit, check_name
 from ._watchdog import Watchdog
 from .abc import Backend, Capability, Claim, Kind, LockInfo
-from .errors import LockError
+from .errors import BackendUnavailable, LockError
 
 __all__ = ["Locks", "RWLock", "Semaphore"]
 
@@ -32,9 +33,15 @@ CLOSE_TIMEOUT = 5.0
 
 
 class _Local:
-    """Per name, inside this process: who holds it and who waits for it."""
+    """Per name, inside this process: who holds it and who waits for it.
 
-    __slots__ = ("head", "holds", "trying", "turn", "users")
+    ``failures`` counts attempts of this name that found the server unreachable, and
+    ``failure`` is the last such error: a waiter that queued on ``turn`` before a failure
+    fails with it when its turn comes, instead of trying again -- so N waiters behind a
+    dead server fail together within one connect + request timeout, not one after another.
+    """
+
+    __slots__ = ("failure", "failures", "head", "holds", "trying", "turn", "users")
 
     def __init__(self) -> None:
         self.turn = asyncio.Lock()  # FIFO: only the task holding it asks the server
@@ -42,6 +49,8 @@ class _Local:
         self.head: Any = None  # the waiter currently asking the server
         self.trying = 0  # fast-path attempts in flight
         self.users = 0  # acquire() calls using this state right now
+        self.failures = 0
+        self.failure: BackendUnavailable | None = None
 
     @property
     def holders(self) -> int:
@@ -74,6 +83,11 @@ class Locks:
         self._owned: dict[tuple[str, str], dict[asyncio.Task[Any], _Hold]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        #: acquisitions in progress (claim -> its waiter, None before it waits): closing
+        #: abandons each claim on the server (fair-queue and writer places included)
+        #: before the backend closes, then wakes the waiter to fail
+        self._acquiring: dict[Claim, Any] = {}
+        self._abandoned_at_close: set[Claim] = set()
 
     def __repr__(self) -> str:
         return f"<aiolock.Locks {self.backend.url}>"
@@ -93,7 +107,7 @@ class Locks:
     def lock(
         self, name: str, *, ttl: float = 30.0, timeout: float | None = None,
         watchdog: bool = True, reentrant: bool = False, fair: bool = False,
-        on_lost: str | Callable[[Lease], object] = "cancel",
+        on_lost: str | Callable[[Lease], object] = "cancel", data: str = "",
     ) -> Lock:
         """A mutex named ``name`` (see the options in the README and SPEC §2).
 
@@ -102,42 +116,66 @@ class Locks:
         :meth:`Lock.acquire` (``None`` forever, ``0`` one try). ``reentrant``: the holding
         task may acquire it again. ``fair``: first come, first served across processes.
         ``on_lost``: ``"cancel"`` the ``async with`` body, ``"raise"`` only at its end, or
-        a callable given the lost lease.
+        a callable given the lost lease. ``data``: a string of yours (<= 1024 chars) kept
+        on the server in each lease's :class:`aiolock.Holder` record.
         """
         return Lock(
             self, self._name(name), Kind.LOCK, ttl=ttl, timeout=timeout, watchdog=watchdog,
-            reentrant=reentrant, fair=self._fair(fair), on_lost=on_lost,
+            reentrant=reentrant, fair=self._fair(fair), on_lost=on_lost, data=data,
         )
 
     def rwlock(
         self, name: str, *, ttl: float = 30.0, timeout: float | None = None,
         watchdog: bool = True, reentrant: bool = False, fair: bool = False,
-        on_lost: str | Callable[[Lease], object] = "cancel",
+        on_lost: str | Callable[[Lease], object] = "cancel", data: str = "",
     ) -> RWLock:
         """A read-write lock: ``rw.read()`` is shared, ``rw.write()`` exclusive; waiting
         writers are not starved by new readers. Options as for :meth:`lock`."""
         self._need(Capability.RWLOCK, "rwlock()")
         opts: dict[str, Any] = dict(
             ttl=ttl, timeout=timeout, watchdog=watchdog, reentrant=reentrant,
-            fair=self._fair(fair), on_lost=on_lost,
+            fair=self._fair(fair), on_lost=on_lost, data=data,
         )
         return RWLock(self, self._name(name), opts)
 
     def semaphore(
         self, name: str, limit: int, *, ttl: float = 30.0, timeout: float | None = None,
         watchdog: bool = True, fair: bool = False,
-        on_lost: str | Callable[[Lease], object] = "cancel",
+        on_lost: str | Callable[[Lease], object] = "cancel", data: str = "",
     ) -> Semaphore:
         """At most ``limit`` holders at once; a dead holder's permit expires with its
         ``ttl``. Options as for :meth:`lock`."""
         self._need(Capability.SEMAPHORE, "semaphore()")
         return Semaphore(
             self, self._name(name), Kind.PERMIT, ttl=ttl, timeout=timeout, watchdog=watchdog,
-            fair=self._fair(fair), on_lost=on_lost, limit=check_limit(limit),
+            fair=self._fair(fair), on_lost=on_lost, limit=check_limit(limit), data=data,
         )
 
+    def election(
+        self, name: str, *, ttl: float = 10.0, watchdog: bool = True,
+        on_lost: str | Callable[[Lease], object] = "cancel",
+    ) -> Election:
+        """A leader election named ``name`` (SPEC §8): ``campaign(data)`` waits to lead,
+        ``leader()`` and ``observe()`` tell who leads. Options as for :meth:`lock`; the
+        leadership is a lease of ``ttl`` seconds, renewed by the watchdog."""
+        self._need(Capability.ELECTION, "election()")
+        return Election(self, self._name(name), ttl=ttl, watchdog=watchdog, on_lost=on_lost)
+
+    async def scan(self, prefix: str = "") -> AsyncIterator[LockInfo]:
+        """Every name starting with ``prefix`` that is held now (locks, read-write locks,
+        semaphores, elections), each as :meth:`status` reports it, with its holders. Needs
+        ``Capability.SCAN``; it never blocks the server (Redis ``SCAN``, not ``KEYS``)."""
+        if not isinstance(prefix, str) or len(prefix) > MAX_NAME_LENGTH:
+            raise ValueError(f"prefix must be a str of at most {MAX_NAME_LENGTH} characters, "
+                             f"got {prefix!r}")
+        self._need(Capability.SCAN, "scan()")
+        self.check_open()
+        async for info in self.backend.scan(prefix):
+            yield info
+
     async def status(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
-        """Who holds ``name`` now: held, holders, current token, seconds left."""
+        """Who holds ``name`` now: held, holders, current token, seconds left, and
+        (``Capability.HOLDERS``) each holder's record in ``held_by``."""
         return await self.backend.inspect(check_name(name), kind)
 
     def _name(self, name: str) -> str:
@@ -180,6 +218,20 @@ class Locks:
         if self._closed:
             return
         self._closed = True
+        acquiring = list(self._acquiring.items())
+        if acquiring:
+            try:
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await asyncio.gather(
+                        *(self.abandon(claim) for claim, _ in acquiring), return_exceptions=True
+                    )
+            except TimeoutError:
+                log.warning("closing: %d waiting claim(s) not confirmed abandoned; they lapse "
+                            "by their ttl", len(acquiring))
+            self._abandoned_at_close.update(claim for claim, _ in acquiring)
+            for _, waiter in acquiring:
+                if waiter is not None:
+                    waiter.wake()
         holds = [h for local in self._locals.values() for h in local.holds]
         if holds:
             releases = [self.backend.release(h.claim) for h in holds]
@@ -236,8 +288,18 @@ class Locks:
             raise asyncio.CancelledError
         return task.result()
 
+    def acquiring(self, claim: Claim, waiter: Any = None) -> None:
+        """``claim`` is being acquired (and waits with ``waiter``, if given)."""
+        self._acquiring[claim] = waiter
+
+    def acquired(self, claim: Claim) -> None:
+        """``claim``'s acquire() ended, granted or not."""
+        self._acquiring.pop(claim, None)
+
     async def abandon(self, claim: Claim) -> None:
         """Best-effort: drop ``claim`` on the server (released, dequeued, barred)."""
+        if claim in self._abandoned_at_close:
+            return  # closing abandoned it already (the backend may be gone now)
         try:
             await self.backend.abandon(claim)
         except Exception as exc:
@@ -344,6 +406,10 @@ class RWLock:
     def write(self) -> Lock:
         """The exclusive side: one writer, no readers."""
         return self._write
+
+    async def force_release(self) -> bool:
+        """Revoke every reader and the writer (see :meth:`aiolock.Lock.force_release`)."""
+        return await self._write.force_release()
 
     def __repr__(self) -> str:
         return f"<RWLock {self.name!r}>"

@@ -61,8 +61,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import hashlib
 import importlib
+import inspect
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
@@ -71,7 +73,14 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
-from ..errors import BackendUnavailable, LockError
+from ..errors import AccessDenied, BackendUnavailable, LockError
+
+try:
+    _ASYNCPG: Any = importlib.import_module("asyncpg")
+except ImportError as _exc:  # reported by aiolock.connect() with the extra to install
+    raise ImportError(
+        "the postgresql:// backend needs asyncpg: pip install 'aiolock[postgres]'", name="asyncpg"
+    ) from _exc
 
 __all__ = ["PostgresBackend", "PostgresRowBackend", "advisory_key"]
 
@@ -107,6 +116,12 @@ CREATE TABLE IF NOT EXISTS aiolock_rows (
     name text NOT NULL,
     PRIMARY KEY (family, name)
 );
+"""
+
+#: True when every table of :data:`_SCHEMA` exists on the search path.
+_TABLES_PRESENT = """
+SELECT to_regclass('aiolock_tokens') IS NOT NULL AND to_regclass('aiolock_holders') IS NOT NULL
+   AND to_regclass('aiolock_rows') IS NOT NULL
 """
 
 #: Record the grant: bump the token, note the holder, start the server-side expiry.
@@ -196,8 +211,40 @@ def advisory_key(family: str, name: str, slot: int | None = None) -> int:
 
 
 def _asyncpg() -> Any:
-    """Import ``asyncpg`` on first use (the module has no type information)."""
-    return importlib.import_module("asyncpg")
+    """``asyncpg``, imported with this module (it has no type information)."""
+    return _ASYNCPG
+
+
+def _check_keywords(names: set[str], ours: set[str]) -> None:
+    """Keyword options that are neither ours nor ``asyncpg.connect``'s are refused."""
+    theirs = {n for n in inspect.signature(_asyncpg().connect).parameters
+              if n not in ("dsn", "timeout", "connection_class", "record_class", "loop")}
+    unknown = sorted(names - theirs)
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {', '.join(unknown)} for postgresql://; accepted: "
+            f"{', '.join(sorted(ours))}, and asyncpg.connect()'s: {', '.join(sorted(theirs))}"
+        )
+
+
+def _check_query(url: str, names: list[str], ours: set[str]) -> None:
+    """Query parameters that are not ours go to asyncpg (libpq keywords such as
+    ``sslmode``; anything else becomes a server setting, checked by the server at
+    connect). One that looks like a misspelling of ours is refused now."""
+    for name in names:
+        close = difflib.get_close_matches(name, sorted(ours), n=1, cutoff=0.75)
+        if close:
+            raise ValueError(
+                f"unknown option {name!r} in {_safe_url(url)!r}: did you mean {close[0]!r}? "
+                f"aiolock's options: {', '.join(sorted(ours))}"
+            )
+
+
+def _is_denied(exc: BaseException) -> bool:
+    """A refused login or a missing privilege (SQLSTATE 28000, 28P01, 42501)."""
+    errors = _asyncpg().exceptions
+    return isinstance(exc, (errors.InsufficientPrivilegeError, errors.InvalidPasswordError,
+                            errors.InvalidAuthorizationSpecificationError))
 
 
 def _is_connection_error(exc: BaseException) -> bool:
@@ -369,6 +416,8 @@ class PostgresBackend(Backend):
         ours = {"mode", "connect_timeout", "request_timeout", "max_connections", "pool_timeout",
                 "poll_interval"}
         query = parse_qsl(parts.query, keep_blank_values=True)
+        _check_query(url, [k for k, _ in query if k not in ours], ours)
+        _check_keywords(set(options) - ours, ours)
         opts: dict[str, Any] = {k: v for k, v in query if k in ours}
         opts.update(options)
         rest = [(k, v) for k, v in query if k not in ours]
@@ -406,6 +455,11 @@ class PostgresBackend(Backend):
         except Exception as exc:
             if isinstance(exc, (LockError, ValueError)):
                 raise
+            if _is_denied(exc):
+                raise AccessDenied(
+                    f"PostgreSQL at {self._url} refused the login ({exc}); check the user and "
+                    "password in the URL, and that the user may CONNECT to the database"
+                ) from exc
             raise BackendUnavailable(
                 f"cannot reach PostgreSQL at {self._url} ({type(exc).__name__}: {exc})"
             ) from exc
@@ -421,12 +475,17 @@ class PostgresBackend(Backend):
         async with self._schema_lock:
             if self._schema_ready:
                 return
-            async with self._guard(), conn.transaction():
-                # serialize concurrent CREATE ... IF NOT EXISTS across processes
-                await conn.execute(
-                    "SELECT pg_advisory_xact_lock($1::bigint)", advisory_key("", _SCHEMA_KEY_TEXT)
-                )
-                await conn.execute(_SCHEMA)
+            async with self._guard():
+                # tables made by an administrator need no CREATE privilege (least privilege)
+                present = await conn.fetchval(_TABLES_PRESENT)
+            if not present:
+                async with self._guard(), conn.transaction():
+                    # serialize concurrent CREATE ... IF NOT EXISTS across processes
+                    await conn.execute(
+                        "SELECT pg_advisory_xact_lock($1::bigint)",
+                        advisory_key("", _SCHEMA_KEY_TEXT),
+                    )
+                    await conn.execute(_SCHEMA)
             self._schema_ready = True
 
     @contextlib.asynccontextmanager
@@ -442,6 +501,12 @@ class PostgresBackend(Backend):
             if _is_connection_error(exc):
                 raise BackendUnavailable(
                     f"PostgreSQL at {self._url} is unavailable ({type(exc).__name__}: {exc})"
+                ) from exc
+            if _is_denied(exc):
+                raise AccessDenied(
+                    f"PostgreSQL at {self._url} denied a permission aiolock needs ({exc}); the "
+                    "user needs SELECT, INSERT, UPDATE, DELETE on aiolock_tokens, aiolock_holders "
+                    "and aiolock_rows (or CREATE on the schema to make them)"
                 ) from exc
             raise LockError(f"PostgreSQL at {self._url} refused the request: {exc}") from exc
 
