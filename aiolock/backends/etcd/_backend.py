@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, quote, unquote
 
-from ...abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
+from ..._holder import decode_holder
+from ...abc import FAMILY_KIND, Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
 from ...errors import AccessDenied, BackendUnavailable, LockError
 from . import _recipe as recipe
 from ._recipe import KIND, lease_seconds, range_end
@@ -47,6 +48,8 @@ UNATTENDED = 0.5
 SPARE_TTLS = 8
 #: ... and at most this many of one length.
 SPARES = 32
+#: Keys per page of a scan.
+SCAN_PAGE = 500
 _OPTIONS = ("username", "password", "ca_file", "cert_file", "key_file", "tls", "server_name",
             "connect_timeout", "request_timeout", "prefix")
 
@@ -62,7 +65,7 @@ class EtcdBackend(Backend):
     schemes: ClassVar[tuple[str, ...]] = ("etcd",)
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
-         Capability.EXPIRY, Capability.DISTRIBUTED}
+         Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS, Capability.SCAN}
     )
 
     def __init__(
@@ -516,7 +519,7 @@ class EtcdBackend(Backend):
         started = time.monotonic()
         prefix = self._family_prefix(claim.name, claim.kind)
         key = self._claim_key(claim)
-        value = f"{claim.ttl_ms}:{claim.limit}".encode()
+        value = recipe.value(claim, time.time())
         listing = pb.RequestOp(request_range=pb.RangeRequest(
             key=prefix, range_end=range_end(prefix), sort_target=SORT_CREATE, sort_order=ASCEND))
         for _ in range(4):
@@ -606,7 +609,7 @@ class EtcdBackend(Backend):
         txn = pb.TxnRequest(
             compare=[pb.Compare(key=key, target=CREATE, result=EQUAL, create_revision=rev)],
             success=[pb.RequestOp(request_put=pb.PutRequest(
-                key=key, value=f"{claim.ttl_ms}:{claim.limit}".encode(), lease=lease))],
+                key=key, value=recipe.value(claim, time.time()), lease=lease))],
         )
         reply = await self._unary("KV", "Txn", txn, "a renewal")
         stale = lease if not reply.succeeded else old
@@ -737,7 +740,7 @@ class EtcdBackend(Backend):
             reply = await self._unary("KV", "Range", request, "an inspect")
             entries = recipe.entries(reply.kvs, prefix)
             if not entries:
-                return LockInfo(name, False)
+                return LockInfo(name, False, family=kind.family)
             holders = recipe.holders(entries, entries[0].limit)
             lives = await asyncio.gather(*(
                 self._unary("Lease", "LeaseTimeToLive", pb.LeaseTimeToLiveRequest(ID=e.lease), "an inspect")
@@ -747,13 +750,43 @@ class EtcdBackend(Backend):
                 if r.TTL >= 0]
         waiters = len(entries) - len(holders)
         if not live:
-            return LockInfo(name, False, waiters=waiters)
-        exclusive = [e.rev for e, _ in live if e.kind in (Kind.LOCK, Kind.WRITE)]
+            return LockInfo(name, False, waiters=waiters, family=kind.family)
+        exclusive = [e.rev for e, _ in live if e.kind.exclusive]
+        now = time.time()  # "since": from the stamp the writer put (etcd keeps no times)
         return LockInfo(
             name, True, holders=len(live), token=exclusive[0] if exclusive else None,
             last_token=max(e.rev for e in entries), ttl_left=max(left for _, left in live),
-            waiters=waiters,
+            waiters=waiters, family=kind.family,
+            held_by=tuple(decode_holder(e.info, None if e.stamp is None else now - e.stamp)
+                          for e, _ in live),
         )
+
+    async def scan(self, prefix: str = "") -> AsyncIterator[LockInfo]:
+        """Every held name starting with ``prefix``: each family's keys under the escaped
+        prefix, read in pages of :data:`SCAN_PAGE` keys (keys only), then inspected."""
+        await self._ready()
+        for family in ("lock", "rw", "sem", "elect"):
+            start = f"{self._prefix}/{family}/{quote(prefix, safe='')}".encode()
+            base = len(f"{self._prefix}/{family}/")
+            end = range_end(f"{self._prefix}/{family}/".encode()) if not prefix else range_end(start)
+            names: list[str] = []
+            key = start
+            while True:
+                request = pb.RangeRequest(key=key, range_end=end, keys_only=True, limit=SCAN_PAGE)
+                async with self._bounded("a scan"):
+                    reply = await self._unary("KV", "Range", request, "a scan")
+                for kv in reply.kvs:
+                    escaped = bytes(kv.key)[base:].split(b"/", 1)[0].decode(errors="replace")
+                    name = unquote(escaped)
+                    if (not names or names[-1] != name) and name.startswith(prefix):
+                        names.append(name)
+                if not reply.more or not reply.kvs:
+                    break
+                key = bytes(reply.kvs[-1].key) + b"\0"
+            for name in names:
+                info = await self.inspect(name, FAMILY_KIND[family])
+                if info.held:
+                    yield info
 
     async def aclose(self) -> None:
         if self._closed:

@@ -10,7 +10,8 @@ from typing import Any
 
 from ...abc import Claim, Kind
 
-KIND = {Kind.LOCK: "lock", Kind.READ: "read", Kind.WRITE: "write", Kind.PERMIT: "permit"}
+KIND = {Kind.LOCK: "lock", Kind.READ: "read", Kind.WRITE: "write", Kind.PERMIT: "permit",
+        Kind.LEADER: "leader"}
 _BY_NAME = {v: k for k, v in KIND.items()}
 
 
@@ -23,6 +24,13 @@ class Entry:
     lease: int
     ttl_ms: int
     limit: int
+    stamp: float | None = None  #: wall-clock time the key was written (the writer's clock)
+    info: str = ""  #: the holder record (aiolock._holder)
+
+
+def value(claim: Claim, stamp: float) -> bytes:
+    """A claim key's value: ``ttl_ms:limit:stamp:info``."""
+    return f"{claim.ttl_ms}:{claim.limit}:{stamp:.3f}:{claim.info}".encode()
 
 
 def entries(kvs: Sequence[Any], prefix: bytes) -> list[Entry]:
@@ -33,12 +41,18 @@ def entries(kvs: Sequence[Any], prefix: bytes) -> list[Entry]:
         kind = _BY_NAME.get(kind_name)
         if kind is None or not sep:
             continue
+        stamp: float | None = None
+        info = ""
         try:
-            ttl, _, limit = kv.value.decode().partition(":")
+            ttl, _, rest = kv.value.decode().partition(":")
+            limit, _, rest = rest.partition(":")
             ttl_ms, lim = int(ttl), int(limit or 1)
+            when, _, info = rest.partition(":")
+            stamp = float(when) if when else None
         except (UnicodeDecodeError, ValueError):
             ttl_ms, lim = 30_000, 1
-        out.append(Entry(kv.key, kind, owner, int(kv.create_revision), int(kv.lease), ttl_ms, lim))
+        out.append(Entry(kv.key, kind, owner, int(kv.create_revision), int(kv.lease), ttl_ms, lim,
+                         stamp, info))
     return out
 
 
@@ -47,7 +61,7 @@ def holders(entries: list[Entry], limit: int) -> list[Entry]:
     if not entries:
         return []
     family = entries[0].kind.family
-    if family == "lock":
+    if family in ("lock", "elect"):
         return entries[:1]
     if family == "sem":
         return entries[:limit]
