@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qsl, quote, unquote
 
 from ..._holder import decode_holder
-from ...abc import FAMILY_KIND, Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
+from ...abc import FAMILY_KIND, REVOKED, Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
 from ...errors import AccessDenied, BackendUnavailable, LockError
 from . import _recipe as recipe
 from ._recipe import KIND, lease_seconds, range_end
@@ -50,6 +50,8 @@ SPARE_TTLS = 8
 SPARES = 32
 #: Keys per page of a scan.
 SCAN_PAGE = 500
+#: Operations per transaction (etcd's --max-txn-ops defaults to 128).
+TXN_OPS = 100
 _OPTIONS = ("username", "password", "ca_file", "cert_file", "key_file", "tls", "server_name",
             "connect_timeout", "request_timeout", "prefix")
 
@@ -65,7 +67,8 @@ class EtcdBackend(Backend):
     schemes: ClassVar[tuple[str, ...]] = ("etcd",)
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
-         Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS, Capability.SCAN}
+         Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS, Capability.SCAN,
+         Capability.REVOKE}
     )
 
     def __init__(
@@ -588,15 +591,56 @@ class EtcdBackend(Backend):
                 ask.append((i, claim, lease))
         async with self._bounded("a renewal"):
             sent = time.monotonic()
-            ttls = await self._keep_alive([lease for _, _, lease in ask]) if ask else []
-            for (i, claim, _), ttl in zip(ask, ttls, strict=True):
-                if ttl > 0:
+            if ask:
+                # the keep-alives, and (one transaction per TXN_OPS claims) whether each key
+                # is still there: a key gone under a live lease was revoked by an operator
+                ttls, present = await asyncio.gather(
+                    self._keep_alive([lease for _, _, lease in ask]),
+                    self._present([claim for _, claim, _ in ask]))
+            else:
+                ttls, present = [], []
+            for (i, claim, _), ttl, there in zip(ask, ttls, present, strict=True):
+                if ttl > 0 and not there:
+                    out[i] = REVOKED
+                elif ttl > 0:
                     claim.state["confirmed"] = sent
                     claim.state["lease_ttl"] = ttl
                     out[i] = min(claim.ttl_ms, ttl * 1000)
             for i, claim in moves:
                 out[i] = await self._move_lease(claim)
         return out
+
+    async def _present(self, claims: Sequence[Claim]) -> list[bool]:
+        """Whether each claim's key exists (one read-only transaction per TXN_OPS keys)."""
+        async def chunk(part: Sequence[Claim]) -> list[bool]:
+            ops = [pb.RequestOp(request_range=pb.RangeRequest(key=self._claim_key(c), count_only=True))
+                   for c in part]
+            reply = await self._unary("KV", "Txn", pb.TxnRequest(success=ops), "a renewal")
+            return [r.response_range.count > 0 for r in reply.responses]
+
+        parts = await asyncio.gather(*(chunk(claims[i : i + TXN_OPS])
+                                       for i in range(0, len(claims), TXN_OPS)))
+        return [there for part in parts for there in part]
+
+    async def force_release(self, name: str, kind: Kind = Kind.LOCK) -> bool:
+        """Delete every holder's key of ``name`` in ``kind``'s family: their next renewal
+        finds the key gone under a live lease (revoked); the waiters' watches fire."""
+        prefix = self._family_prefix(name, kind)
+        request = pb.RangeRequest(key=prefix, range_end=range_end(prefix),
+                                  sort_target=SORT_CREATE, sort_order=ASCEND)
+        async with self._bounded("a revocation"):
+            reply = await self._unary("KV", "Range", request, "a revocation")
+            entries = recipe.entries(reply.kvs, prefix)
+            holders = recipe.holders(entries, entries[0].limit) if entries else []
+            if not holders:
+                return False
+            # each only if it is still the key we saw (not a later claim's)
+            deletes = [pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=e.key)) for e in holders]
+            compare = [pb.Compare(key=e.key, target=CREATE, result=EQUAL, create_revision=e.rev)
+                       for e in holders]
+            txn = pb.TxnRequest(compare=compare, success=deletes)
+            done = await self._unary("KV", "Txn", txn, "a revocation")
+        return bool(done.succeeded)
 
     async def _move_lease(self, claim: Claim) -> int | None:
         """Attach the claim's key to a new lease of its (longer) ttl; same key, same
