@@ -68,7 +68,7 @@ class EtcdBackend(Backend):
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
          Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS, Capability.SCAN,
-         Capability.REVOKE}
+         Capability.REVOKE, Capability.ELECTION}
     )
 
     def __init__(
@@ -113,6 +113,10 @@ class EtcdBackend(Backend):
         self._watch_stream: Stream | None = None
         self._watch_ids = itertools.count(1)
         self._watch_owner: dict[int, str] = {}  # watch id -> owner of the claim it wakes
+        #: watch id -> (listener, family prefix): an election's listeners watch every change
+        #: of the family (a new leader, a proclaim, a release), for as long as they listen
+        self._family_watches: dict[int, tuple[Waiter, bytes]] = {}
+        self._created: dict[int, asyncio.Future[None]] = {}
         self._waiters: dict[str, Waiter] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         #: lease seconds -> leases with no key on them: (id, last confirmed, ttl); granted
@@ -337,9 +341,28 @@ class EtcdBackend(Backend):
             stub = self._stubs["Watch"]
             stream = self._watch_stream = Stream(
                 lambda it: stub.Watch(it, metadata=self._metadata), self._on_watch, self._watch_ended)
+            for watch_id, (_, prefix) in self._family_watches.items():
+                stream.send(self._family_watch_request(watch_id, prefix))
         return stream
 
+    @staticmethod
+    def _family_watch_request(watch_id: int, prefix: bytes) -> Any:
+        return pb.WatchRequest(create_request=pb.WatchCreateRequest(
+            key=prefix, range_end=range_end(prefix), watch_id=watch_id))
+
     def _on_watch(self, response: Any) -> None:
+        watch_id = int(response.watch_id)
+        if response.created:
+            created = self._created.pop(watch_id, None)
+            if created is not None and not created.done():
+                created.set_result(None)
+        family = self._family_watches.get(watch_id)
+        if family is not None:
+            if response.canceled:
+                del self._family_watches[watch_id]
+            if response.events or response.canceled or response.compact_revision:
+                family[0].wake()
+            return
         if response.events or response.canceled or response.compact_revision:
             # (only deletions are sent: NOPUT) the key went, or the watch cannot serve
             self._fire(int(response.watch_id))
@@ -361,11 +384,24 @@ class EtcdBackend(Backend):
             self._watch_stream = None
         self._epoch += 1
         self._watch_owner.clear()
+        for created in self._created.values():
+            if not created.done():
+                created.set_result(None)
+        self._created.clear()
         if not self._closed:
             if error is not None:
                 log.debug("etcd watch stream ended: %s", brief(error))
             for waiter in list(self._waiters.values()):  # never trust a watch across this
                 waiter.wake()
+            if self._family_watches:
+                self._spawn(self._rewatch_families())
+
+    async def _rewatch_families(self) -> None:
+        """The family watches again, on a new stream (their listeners were woken)."""
+        await asyncio.sleep(0.2)
+        if self._closed or (self._watch_stream is not None and self._watch_stream.alive):
+            return  # (a new stream is open already: _watch_stream_open re-sent them)
+        self._watch_stream_open()
 
     def _watch(self, claim: Claim, keys: set[bytes], start: int) -> None:
         """Make ``keys`` the set whose deletion (after revision ``start``) wakes ``claim``."""
@@ -406,7 +442,8 @@ class EtcdBackend(Backend):
 
     def _forget(self, claim: Claim) -> None:
         self._unwatch(claim)
-        for key in ("lease", "lease_ttl", "confirmed", "rev", "busy", "asked", "granted", "revoking"):
+        for key in ("lease", "lease_ttl", "confirmed", "rev", "busy", "asked", "granted", "revoking",
+                    "stamp"):
             claim.state.pop(key, None)
 
     async def _new_lease(self, claim: Claim) -> int:
@@ -522,7 +559,7 @@ class EtcdBackend(Backend):
         started = time.monotonic()
         prefix = self._family_prefix(claim.name, claim.kind)
         key = self._claim_key(claim)
-        value = recipe.value(claim, time.time())
+        value = recipe.value(claim, _stamp(claim))
         listing = pb.RequestOp(request_range=pb.RangeRequest(
             key=prefix, range_end=range_end(prefix), sort_target=SORT_CREATE, sort_order=ASCEND))
         for _ in range(4):
@@ -622,6 +659,24 @@ class EtcdBackend(Backend):
                                        for i in range(0, len(claims), TXN_OPS)))
         return [there for part in parts for there in part]
 
+    async def set_info(self, claim: Claim) -> bool:
+        """Rewrite the held claim's value with its new record (same lease, same key, so
+        the same token); the election's listeners see the put."""
+        rev, lease = claim.state.get("rev"), claim.state.get("lease")
+        if not (claim.state.get("granted") and isinstance(rev, int) and isinstance(lease, int)):
+            return False
+        key = self._claim_key(claim)
+        txn = pb.TxnRequest(
+            compare=[pb.Compare(key=key, target=CREATE, result=EQUAL, create_revision=rev)],
+            success=[pb.RequestOp(request_put=pb.PutRequest(
+                key=key, value=recipe.value(claim, _stamp(claim)), lease=lease))])
+        async with self._bounded("a proclaim"):
+            try:
+                reply = await self._unary("KV", "Txn", txn, "a proclaim")
+            except _LeaseGone:
+                return False
+        return bool(reply.succeeded)
+
     async def force_release(self, name: str, kind: Kind = Kind.LOCK) -> bool:
         """Delete every holder's key of ``name`` in ``kind``'s family: their next renewal
         finds the key gone under a live lease (revoked); the waiters' watches fire."""
@@ -653,7 +708,7 @@ class EtcdBackend(Backend):
         txn = pb.TxnRequest(
             compare=[pb.Compare(key=key, target=CREATE, result=EQUAL, create_revision=rev)],
             success=[pb.RequestOp(request_put=pb.PutRequest(
-                key=key, value=recipe.value(claim, time.time()), lease=lease))],
+                key=key, value=recipe.value(claim, _stamp(claim)), lease=lease))],
         )
         reply = await self._unary("KV", "Txn", txn, "a renewal")
         stale = lease if not reply.succeeded else old
@@ -730,11 +785,30 @@ class EtcdBackend(Backend):
 
     async def listen(self, name: str, kind: Kind, waiter: Waiter) -> None:
         self._waiters[waiter.claim.owner] = waiter
+        if kind is Kind.LEADER:  # observers and candidates: every change of the election
+            await self._ready()
+            prefix = self._family_prefix(name, kind)
+            watch_id = next(self._watch_ids)
+            created: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._created[watch_id] = created
+            stream = self._watch_stream_open()
+            self._family_watches[watch_id] = (waiter, prefix)
+            stream.send(self._family_watch_request(watch_id, prefix))
+            waiter.claim.state["family_watch"] = watch_id
+            with contextlib.suppress(TimeoutError):  # (the caller re-reads on a timer anyway)
+                async with asyncio.timeout(self._request_timeout):
+                    await created
 
     def unlisten(self, name: str, kind: Kind, waiter: Waiter) -> None:
         claim = waiter.claim
         if self._waiters.get(claim.owner) is waiter:
             del self._waiters[claim.owner]
+        family_watch = claim.state.pop("family_watch", None)
+        if isinstance(family_watch, int) and self._family_watches.pop(family_watch, None) is not None:
+            self._created.pop(family_watch, None)
+            stream = self._watch_stream
+            if stream is not None and stream.alive:
+                stream.send(pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=family_watch)))
         self._unwatch(claim)
         if "lease" in claim.state and not claim.state.get("granted") and not claim.state.get("abandoned"):
             # the core stopped waiting without a grant; our key keeps a place in the
@@ -845,6 +919,8 @@ class EtcdBackend(Backend):
                     await stream.reader
         self._waiters.clear()
         self._watch_owner.clear()
+        self._family_watches.clear()
+        self._created.clear()
         spares = [spare for pool in self._spares.values() for spare in pool]
         self._spares.clear()
         if spares and self._channel is not None:  # (unused, they would expire by their ttl)
@@ -856,3 +932,11 @@ class EtcdBackend(Backend):
         if self._channel is not None:
             with contextlib.suppress(Exception):
                 await self._channel.close()
+
+
+def _stamp(claim: Claim) -> float:
+    """When the claim's key was first written (wall clock): kept across rewrites."""
+    stamp = claim.state.get("stamp")
+    if not isinstance(stamp, float):
+        stamp = claim.state["stamp"] = time.time()
+    return stamp
