@@ -24,6 +24,17 @@ the ``limit`` keys before it), from the listing's revision on: no herd, nothing 
 and first come, first served by construction (every claim is fair). The fencing token
 is the holder key's ``create_revision``, which only grows in the cluster's history.
 
+Holders, listing, revocation, elections: a key's value is ``ttl:limit:stamp:record``
+(the holder record of :mod:`aiolock._holder`, and the wall-clock time the key was first
+written: etcd keeps no times, so a holder's ``since`` is on the writer's clock and, for a
+claim that waited, counts from when it joined the queue). ``scan`` reads each family's
+keys under the escaped prefix (keys only, in pages) and inspects each name.
+``force_release`` deletes the holders' keys; a renewal batch checks in one read-only
+transaction that each key still exists, so a key gone under a live lease (revoked by an
+operator, or deleted by hand) is reported revoked within ``ttl/3``. An election is an
+exclusive family ``elect``; ``proclaim`` rewrites the leader's value (same key, lease
+and token); observers and candidates watch every change of the family.
+
 Leases (what ``ttl`` means): each claim's key is attached to an etcd lease of its own
 (never shared with another live claim, so one claim's renewals cannot keep another's
 key alive), of ``max(ceil(ttl), the server's minimum)`` seconds (etcd leases are whole
