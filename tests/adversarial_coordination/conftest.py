@@ -1,10 +1,12 @@
 """Fixtures for the adversarial coordination tests: the backends that declare the
-coordination capabilities today (memory, PostgreSQL and MySQL/MariaDB, each mode), each
+coordination capabilities today (memory, PostgreSQL and MySQL/MariaDB in each mode, etcd), each
 on the real servers that ``tests/conftest.py`` starts. Backends without a capability skip
 (or must refuse with ``ValueError``)."""
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
 import uuid
 from collections.abc import AsyncIterator
 
@@ -15,7 +17,20 @@ import aiolock
 from ..mysql_server import MariaDBServer
 from ..pg_server import PostgresServer
 
-COORD_BACKENDS = ["memory", "postgres", "postgres-row", "mysql", "mysql-row"]
+HAVE_ETCD = importlib.util.find_spec("etcd3aio") is not None and shutil.which("etcd") is not None
+ETCD = ["etcd"] if HAVE_ETCD else []
+COORD_BACKENDS = ["memory", "postgres", "postgres-row", "mysql", "mysql-row", *ETCD]
+
+
+def _server_url(request: pytest.FixtureRequest, param: str) -> str:
+    if param.startswith("mysql"):
+        my: MariaDBServer = request.getfixturevalue("mysql_server")
+        return my.url + ("?mode=row" if param == "mysql-row" else "")
+    if param == "etcd":  # a fresh key prefix per test
+        etcd = request.getfixturevalue("etcd_server")
+        return f"{etcd.url}?prefix=aiolock-{uuid.uuid4().hex[:8]}"
+    pg: PostgresServer = request.getfixturevalue("postgres_server")
+    return pg.url + ("?mode=row" if param == "postgres-row" else "")
 
 
 @pytest.fixture
@@ -27,11 +42,7 @@ def pg_url(postgres_server: PostgresServer) -> str:
 def coord_url(request: pytest.FixtureRequest) -> str:
     if request.param == "memory":
         return f"memory://adv-{uuid.uuid4().hex[:8]}"
-    if request.param.startswith("mysql"):
-        my: MariaDBServer = request.getfixturevalue("mysql_server")
-        return my.url + ("?mode=row" if request.param == "mysql-row" else "")
-    pg: PostgresServer = request.getfixturevalue("postgres_server")
-    return pg.url + ("?mode=row" if request.param == "postgres-row" else "")
+    return _server_url(request, request.param)
 
 
 @pytest.fixture
@@ -40,14 +51,13 @@ async def coord(coord_url: str) -> AsyncIterator[aiolock.Locks]:
         yield conn
 
 
-@pytest.fixture(params=["memory", "postgres", "mysql"])
+@pytest.fixture(params=["memory", "postgres", "mysql", *ETCD])
 def elect_url(request: pytest.FixtureRequest) -> str:
     """Backends that declare ELECTION (checked in the tests)."""
     if request.param == "memory":
         return f"memory://adv-{uuid.uuid4().hex[:8]}"
-    if request.param == "mysql":
-        my: MariaDBServer = request.getfixturevalue("mysql_server")
-        return my.url
+    if request.param != "postgres":
+        return _server_url(request, request.param)
     pg: PostgresServer = request.getfixturevalue("postgres_server")
     return pg.url
 
@@ -58,11 +68,10 @@ async def elocks(elect_url: str) -> AsyncIterator[aiolock.Locks]:
         yield conn
 
 
-@pytest.fixture(params=["postgres", "mysql"])
+@pytest.fixture(params=["postgres", "mysql", *ETCD])
 def shared_url(request: pytest.FixtureRequest) -> str:
     """A server-backed ELECTION backend, shared across processes."""
-    if request.param == "mysql":
-        my: MariaDBServer = request.getfixturevalue("mysql_server")
-        return my.url
+    if request.param != "postgres":
+        return _server_url(request, request.param)
     pg: PostgresServer = request.getfixturevalue("postgres_server")
     return pg.url

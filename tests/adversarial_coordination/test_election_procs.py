@@ -103,8 +103,10 @@ async def test_killed_leader_replaced_quickly(shared_url: str) -> None:
             a.kill()
             lead_b = await asyncio.to_thread(b.wait_line, "LEAD", 10)
             took = float(lead_b.split()[1]) - t0
-            # README: PostgreSQL replaces a killed leader at once (its connection drops)
-            assert took < 1.5, f"new leader after {took:.2f} s"
+            # README: PostgreSQL / MySQL replace a killed leader at once (its connection
+            # drops); etcd when its lease expires (ttl)
+            bound = 2.0 + 1.0 if shared_url.startswith("etcd") else 1.5
+            assert took < bound, f"new leader after {took:.2f} s"
             assert int(lead_b.split()[2]) > int(lead_a.split()[2])
             ldr = await el.leader()
             assert ldr is not None and ldr.data == "b-0" and ldr.holder.pid == b.p.pid
@@ -227,9 +229,9 @@ async def test_killed_holders_record_does_not_come_back(shared_url: str) -> None
     and not reappear beside the next holder's (stale rows of a dead session)."""
     name = f"adv-k-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = await asyncio.create_subprocess_exec(sys.executable, HOLDER, shared_url, name, "30",
+    p = await asyncio.create_subprocess_exec(sys.executable, HOLDER, shared_url, name, "2",
                                              stdout=asyncio.subprocess.PIPE, env=env)
-    a = Proc(shared_url, name + "-el", 30, "dead")
+    a = Proc(shared_url, name + "-el", 2, "dead")
     try:
         assert p.stdout is not None
         line = await asyncio.wait_for(p.stdout.readline(), 20)
@@ -240,7 +242,7 @@ async def test_killed_holders_record_does_not_come_back(shared_url: str) -> None
         a.kill()
         async with aiolock.connect(shared_url) as locks:
             el = locks.election(name + "-el", ttl=2)
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 2 + 3  # a dead holder's bound is at most its ttl
             while (await locks.status(name)).held or await el.leader() is not None:
                 assert time.monotonic() < deadline, "dead holders still listed"
                 await asyncio.sleep(0.05)
