@@ -75,3 +75,26 @@ def shared_url(request: pytest.FixtureRequest) -> str:
         return _server_url(request, request.param)
     pg: PostgresServer = request.getfixturevalue("postgres_server")
     return pg.url
+
+
+# Parametrizations run only with the slow tests (-m slow): the default run keeps one or two
+# backends per costly test, and every backend where that test found a defect.
+SLOW_PARAMS: dict[str, set[str]] = {
+    "test_local_waiter_gets_revoked_lock_at_next_renewal": {"mysql", "mysql-row", "etcd"},
+    "test_holder_after_a_revoked_one_is_listed_and_revocable": {"postgres", "mysql", "etcd"},
+    "test_observe_current_state_first_and_settles": {"mysql", "etcd"},
+    "test_at_most_one_leader_across_processes": {"mysql", "etcd"},
+    "test_sigstopped_leader_loses_and_is_cancelled_on_wake": {"mysql", "etcd"},
+    "test_paused_lone_leader_is_seen_vacant": {"mysql", "etcd"},
+    "test_killed_leader_replaced_quickly": {"mysql"},
+    "test_killed_holders_record_does_not_come_back": {"mysql", "etcd"},
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "adversarial_coordination" not in str(item.path):
+            continue
+        base, _, param = item.name.partition("[")
+        if param.rstrip("]") in SLOW_PARAMS.get(base, ()):
+            item.add_marker(pytest.mark.slow)
