@@ -177,8 +177,17 @@ class RedisBackend(Backend):
     # -- running scripts ------------------------------------------------------------------
 
     async def _limited_call(self, *args: Any) -> Any:
+        task = asyncio.current_task()
+        asked = task.cancelling() if task is not None else 0
         async with self._in_flight:
-            return await self._raw_call(*args)
+            result = await self._raw_call(*args)
+        if task is not None and task.cancelling() > asked:
+            # redis-py writes through asyncio.wait_for(), which on Python 3.11 swallows a
+            # cancellation that arrives as the write completes (gh-86296): the request ran,
+            # but our caller was cancelled. Raise it here, so the core abandons the claim
+            # the request may have granted, instead of carrying on as if not cancelled.
+            raise asyncio.CancelledError
+        return result
 
     async def _run(
         self, script: Script, keys: Sequence[str], *args: Any,
