@@ -8,21 +8,29 @@ import sys
 from ._connect import connect
 from .abc import FAMILY_KIND, Capability, LockInfo
 
-__all__ = ["format_info", "info_json", "list_held", "revoke"]
+__all__ = [
+    "FAMILY_NAMES", "format_info", "info_json", "list_held", "offered", "printable", "revoke",
+]
 
-_FAMILY_NAMES = {"lock": "lock", "rw": "rwlock", "sem": "semaphore", "elect": "election"}
+FAMILY_NAMES = {"lock": "lock", "rw": "rwlock", "sem": "semaphore", "elect": "election"}
 
 
 def info_json(info: LockInfo) -> dict[str, object]:
     """One held name as the JSON object ``aiolock ls --json`` prints."""
     return {
-        "name": info.name, "kind": _FAMILY_NAMES.get(info.family, info.family),
+        "name": info.name, "kind": FAMILY_NAMES.get(info.family, info.family),
         "token": info.token, "last_token": info.last_token, "ttl_left": info.ttl_left,
         "waiters": info.waiters, "holders": [
             {"host": h.host, "pid": h.pid, "task": h.task, "data": h.data, "since": h.since}
             for h in info.held_by
         ],
     }
+
+
+def printable(name: str) -> str:
+    """``name`` as is, or ``repr()``'d if it holds control characters (a newline would
+    split one entry over two lines)."""
+    return name if name.isprintable() else repr(name)
 
 
 def format_info(info: LockInfo) -> str:
@@ -33,8 +41,8 @@ def format_info(info: LockInfo) -> str:
         for h in info.held_by
     ) or f"{info.holders} holder(s)"
     token = "-" if info.token is None else str(info.token)
-    kind = _FAMILY_NAMES.get(info.family, info.family)
-    return f"{info.name}  {kind}  token {token}  left {left}  waiters {info.waiters}  {who}"
+    kind = FAMILY_NAMES.get(info.family, info.family)
+    return f"{printable(info.name)}  {kind}  token {token}  left {left}  waiters {info.waiters}  {who}"
 
 
 async def list_held(url: str, prefix: str, *, as_json: bool) -> int:
@@ -55,17 +63,17 @@ async def revoke(url: str, name: str) -> int:
     async with connect(url) as locks:
         locks._need(Capability.REVOKE, "revoke")
         revoked = [
-            _FAMILY_NAMES[family] for family, kind in FAMILY_KIND.items()
-            if _offered(locks.capabilities, family)
+            FAMILY_NAMES[family] for family, kind in FAMILY_KIND.items()
+            if offered(locks.capabilities, family)
             and await locks.backend.force_release(locks._name(name), kind)
         ]
     if revoked:
-        print(f"{name}: revoked ({', '.join(revoked)}); the holders lose it at their next renewal")
+        print(f"{printable(name)}: revoked ({', '.join(revoked)}); the holders lose it at their next renewal")
         return 0
-    print(f"{name}: nothing was held")
+    print(f"{printable(name)}: nothing was held")
     return 1
 
 
-def _offered(capabilities: frozenset[Capability], family: str) -> bool:
+def offered(capabilities: frozenset[Capability], family: str) -> bool:
     need = {"rw": Capability.RWLOCK, "sem": Capability.SEMAPHORE, "elect": Capability.ELECTION}
     return family not in need or need[family] in capabilities

@@ -51,10 +51,10 @@ class Leadership(Lease):
         the leadership. Raises :class:`LockLost` if it was lost meanwhile."""
         data = check_data(data)
         hold = self._hold
+        if hold.is_lost():  # before "resigned": a lost term's block also released it
+            raise LockLost(f"leadership of {self.name!r} is lost: {hold.lost_reason}")
         if self._released:
             raise LockError(f"leadership of {self.name!r} was resigned; campaign again")
-        if hold.is_lost():
-            raise LockLost(f"leadership of {self.name!r} is lost: {hold.lost_reason}")
         task = decode_holder(hold.claim.info).task
         hold.claim.info = encode_holder(data, task)
         if not await hold.session.backend.set_info(hold.claim):

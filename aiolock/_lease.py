@@ -102,10 +102,16 @@ class _Hold:
         self.lost_reason = reason
         log.warning("lease on %r lost: %s", self.claim.name, reason)
         _telemetry.hold_lost(self, reason)
-        self.session.forget(self, wake=False)  # the abandon below signals the release
-        # The server may still keep it (e.g. a renewal reply that came too late): give it back.
-        self.session.spawn(self.session.abandon(self.claim))
+        self.session.forget(self, wake=False)
+        # The server may still keep it (e.g. a renewal reply that came too late, or a
+        # revocation the backend only marked): give it back, then wake the next local
+        # waiter, which waits for our release rather than asking the server.
+        self.session.spawn(self._give_back())
         self._notify()
+
+    async def _give_back(self) -> None:
+        await self.session.abandon(self.claim)
+        self.session._wake_head(self)
 
     def finish(self, woken: object = None) -> None:
         """Released on the server: stop tracking it, wake the next local waiter (unless

@@ -168,6 +168,8 @@ class Locks:
         if not isinstance(prefix, str) or len(prefix) > MAX_NAME_LENGTH:
             raise ValueError(f"prefix must be a str of at most {MAX_NAME_LENGTH} characters, "
                              f"got {prefix!r}")
+        if prefix:
+            check_name(prefix)  # encodable as UTF-8, like every name
         self._need(Capability.SCAN, "scan()")
         self.check_open()
         async for info in self.backend.scan(prefix):

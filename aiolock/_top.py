@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._cli_ops import _FAMILY_NAMES
+from ._cli_ops import FAMILY_NAMES
 from ._connect import connect
 from .abc import Capability, LockInfo
 from .errors import BackendUnavailable
@@ -144,7 +144,7 @@ class TopView:
 
 
 def _kind(info: LockInfo) -> str:
-    return _FAMILY_NAMES.get(info.family, info.family)
+    return FAMILY_NAMES.get(info.family, info.family)
 
 
 def _who(info: LockInfo) -> str:

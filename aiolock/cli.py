@@ -26,9 +26,10 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from ._cli_ops import list_held, revoke
+from ._cli_ops import FAMILY_NAMES, list_held, offered, printable, revoke
 from ._connect import connect
 from ._lease import Lease
+from .abc import FAMILY_KIND
 from .errors import AccessDenied, BackendUnavailable, LockError, LockTimeout
 
 __all__ = [
@@ -141,18 +142,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _status(url: str, name: str) -> int:
+    """The lock NAME, and any read-write lock, semaphore or election of that name that is
+    held now (each family the backend offers)."""
     async with connect(url) as locks:
-        info = await locks.status(name)
-    if info.held:
+        infos = [await locks.status(name)]
+        for family, kind in FAMILY_KIND.items():
+            if family != "lock" and offered(locks.capabilities, family):
+                other = await locks.status(name, kind)
+                if other.held:
+                    infos.append(other)
+    held = [info for info in infos if info.held]
+    for info in held:
         left = f"{info.ttl_left:.1f}s" if info.ttl_left is not None else "unknown"
-        print(f"{name}: held, token {info.token}, time left {left}")
+        what = "" if info.family == "lock" else f" ({FAMILY_NAMES[info.family]})"
+        token = "" if info.token is None else f", token {info.token}"
+        print(f"{printable(name)}{what}: held{token}, time left {left}")
         for h in info.held_by:
             since = "" if h.since is None else f", for {h.since:.1f}s"
             task = f" task {h.task}" if h.task else ""
             data = f" data {h.data!r}" if h.data else ""
             print(f"  holder {h.host} pid {h.pid}{task}{data}{since}")
-    else:
-        print(f"{name}: free (last token {info.last_token if info.last_token is not None else '-'})")
+    if not held:
+        last = infos[0].last_token
+        print(f"{printable(name)}: free (last token {last if last is not None else '-'})")
     return 0
 
 

@@ -182,7 +182,9 @@ return {0, retry, seen}
 #: ARGV[5]  owner id of a waiting claim of this process to hand the lock to (unless
 #:          it was abandoned), lease ARGV[6] ms; '': hand it to the first live waiter
 #: publishes ``<KEYS[1]>|<new owner>|<token>`` on the new owner's inbox when it handed
-#:          the lock over (only that process hears it)
+#:          the lock over (only that process hears it); else, when it freed the lock,
+#:          ``<owner>|`` on the lock's own channel KEYS[1] (for listeners that do not
+#:          register, such as Redlock's nodes)
 #: returns  {released, new owner or '', its token or 0, queue length (after a local
 #:          hand-off; else 0)}
 #:          released: 1 if this owner held the lock (now released), else 0
@@ -224,7 +226,12 @@ while next do
   end
   next = redis.call('lpop', KEYS[3])
 end
-if holder then redis.call('del', KEYS[1]) end
+if holder then
+  redis.call('del', KEYS[1])
+  -- nobody registered to be handed it: tell the lock's own channel (listeners that do
+  -- not register, e.g. Redlock's nodes; nobody subscribes to it otherwise)
+  redis.call('publish', KEYS[1], me .. '|')
+end
 return {released, '', 0, 0}
 """)
 

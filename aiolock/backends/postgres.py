@@ -555,7 +555,7 @@ class PostgresBackend(Backend):
             raise ValueError(f"mode must be 'advisory' or 'row', got {mode!r}")
         dsn = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(rest)))
         backend_class = PostgresRowBackend if mode == "row" else PostgresBackend
-        safe = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+        safe = urlunsplit(parts._replace(netloc=_without_password(parts.netloc)))
         if "connect_timeout" in opts:
             opts["connect_timeout"] = _number("connect_timeout", opts["connect_timeout"])
         for name in ("request_timeout", "pool_timeout", "poll_interval"):
@@ -1157,7 +1157,15 @@ def _info(name: str, family: str, locks: Sequence[Any], rows: Sequence[Any]) -> 
 
 def _safe_url(dsn: str) -> str:
     parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2], query=""))
+    return urlunsplit(parts._replace(netloc=_without_password(parts.netloc), query=""))
+
+
+def _without_password(netloc: str) -> str:
+    """``user:password@host:port`` -> ``user@host:port``: the user stays (an operator copies
+    ``locks.url`` into ``aiolock ls --url``), the password never shows."""
+    userinfo, at, hostport = netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return f"{user}@{hostport}" if at and user else hostport
 
 
 class PostgresRowBackend(PostgresBackend):

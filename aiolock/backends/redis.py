@@ -92,6 +92,10 @@ class RedisBackend(Backend):
     #: Take a hand-off message (or a local hand-off's reply) as the grant, without a
     #: round trip. Sentinel does not: the round trip also finds the current master.
     trust_handoffs: ClassVar[bool] = True
+    #: Register waiting claims on the server and hand the lock to them at release (one
+    #: process woken per release, issue 10). Redlock turns it off for its nodes: a node
+    #: must never grant one of its claims on its own, a majority decides.
+    handoffs: bool = True
 
     def __init__(
         self, client: Any, *, prefix: str = "aiolock", request_timeout: float = 5.0,
@@ -299,7 +303,7 @@ class RedisBackend(Backend):
             if due - time.monotonic() > 0.001:
                 return Busy(due - time.monotonic())
         keys = self._keys(claim.name, claim.owner)
-        waits = claim.waits
+        waits = claim.waits and self.handoffs
         if waits:  # before sending: a grant may come before the reply
             self.signals.claims[claim.owner] = claim
         mark = self.signals.mark(channel)
@@ -349,7 +353,8 @@ class RedisBackend(Backend):
     async def release(self, claim: Claim) -> bool:
         keys = self._keys(claim.name, claim.owner, claim.kind)
         noted = claim.kind is not Kind.LOCK and self.signals.note_local_release(keys[0], claim.owner)
-        heir, local = self._heir(claim, keys[0]) if claim.kind is Kind.LOCK else (None, [])
+        heir, local = (self._heir(claim, keys[0]) if claim.kind is Kind.LOCK and self.handoffs
+                       else (None, []))
         handoff = None
         if heir is not None:  # its acquire waits for this release (see _try_lock)
             handoff = heir.state["handoff"] = asyncio.get_running_loop().create_future()
@@ -435,7 +440,7 @@ class RedisBackend(Backend):
         return int(released)
 
     async def listen(self, name: str, kind: Kind, waiter: Waiter) -> None:
-        via = self.inbox if kind is Kind.LOCK else None  # see RELEASE
+        via = self.inbox if kind is Kind.LOCK and self.handoffs else None  # see RELEASE
         await self.signals.listen(self._base(name, kind), waiter, via)
 
     def unlisten(self, name: str, kind: Kind, waiter: Waiter) -> None:

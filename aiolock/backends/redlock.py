@@ -115,6 +115,8 @@ class RedlockBackend(Backend):
                 or not 0 <= drift_factor < 0.5):
             raise ValueError(f"drift_factor must be a number in [0, 0.5), got {drift_factor!r}")
         self._nodes = list(nodes)
+        for node in self._nodes:
+            node.handoffs = False  # a majority grants, never one node's release (see there)
         self.drift_factor = float(drift_factor)
         #: how many nodes make a majority
         self.quorum = len(self._nodes) // 2 + 1
