@@ -1,0 +1,191 @@
+"""Refused credentials and permissions (issue 9 #3, SPEC §4): an aiolock.AccessDenied
+(a LockError and a PermissionError) saying what to fix, never a private exception, and
+never the password; the CLI prints one line and exits with a documented code."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+import aiolock
+
+from .conftest import SECRET
+from .servers import PasswordRedis
+
+WRONG = "WrOnG-pAsSwOrD-42"
+CLI = [sys.executable, "-m", "aiolock"]
+
+
+def _chain(exc: BaseException) -> str:
+    """The text of an exception and everything chained to it."""
+    parts = []
+    seen: BaseException | None = exc
+    while seen is not None and len(parts) < 10:
+        parts.append(f"{type(seen).__name__}: {seen} {seen!r}")
+        seen = seen.__cause__ or seen.__context__
+    return "\n".join(parts)
+
+
+async def _denied(url: str, **options: object) -> aiolock.AccessDenied:
+    async with asyncio.timeout(15):
+        with pytest.raises(aiolock.LockError) as info:
+            async with aiolock.connect(url, connect_timeout=3, request_timeout=3,
+                                       **options) as locks:
+                lease = await locks.lock(f"c-{uuid.uuid4().hex}").acquire(timeout=1)
+                await lease.release()
+    exc = info.value
+    assert isinstance(exc, aiolock.AccessDenied), f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
+    assert isinstance(exc, PermissionError)
+    return exc
+
+
+def _no_secret(text: str) -> None:
+    assert SECRET not in text and WRONG not in text, f"secret in: {text}"
+
+
+async def test_requirepass_without_password(password_redis: PasswordRedis,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    exc = await _denied(password_redis.url)
+    assert "password" in str(exc).lower() or "auth" in str(exc).lower(), str(exc)
+    _no_secret(caplog.text)
+
+
+@pytest.mark.parametrize("how", ["url", "keyword"])
+async def test_wrong_password_never_shown(password_redis: PasswordRedis, how: str,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    if how == "url":
+        exc = await _denied(f"redis://:{WRONG}@127.0.0.1:{password_redis.port}/0")
+    else:
+        exc = await _denied(password_redis.url, password=WRONG)
+    _no_secret(_chain(exc))
+    _no_secret(caplog.text)
+
+
+@pytest.mark.parametrize("how", ["url", "keyword"])
+async def test_right_password_works(password_redis: PasswordRedis, how: str) -> None:
+    url, opts = ((f"redis://:{SECRET}@127.0.0.1:{password_redis.port}/0", {}) if how == "url"
+                 else (password_redis.url, {"password": SECRET}))
+    async with aiolock.connect(url, **opts) as locks:
+        name = f"c-{uuid.uuid4().hex}"
+        lease = await locks.lock(name, ttl=5).acquire()
+        waiter = asyncio.create_task(locks.lock(name, ttl=5).acquire())
+        await asyncio.sleep(0.2)
+        await lease.release()
+        async with asyncio.timeout(3):  # woken by pub/sub, which needs the password too
+            await (await waiter).release()
+
+
+async def test_unreachable_url_with_password_not_shown(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with asyncio.timeout(15):
+        with pytest.raises(aiolock.BackendUnavailable) as info:
+            async with aiolock.connect(f"redis://user:{SECRET}@127.0.0.1:1/0", connect_timeout=1):
+                pass
+    _no_secret(_chain(info.value))
+    _no_secret(caplog.text)
+
+
+async def test_lazy_connection_denied_on_first_use(password_redis: PasswordRedis) -> None:
+    locks = aiolock.connect(password_redis.url, connect_timeout=2, request_timeout=2)
+    try:
+        async with asyncio.timeout(15):
+            with pytest.raises(aiolock.AccessDenied):
+                await locks.lock(f"c-{uuid.uuid4().hex}").acquire(timeout=0)
+            with pytest.raises(aiolock.AccessDenied):
+                await locks.status(f"c-{uuid.uuid4().hex}")
+    finally:
+        async with asyncio.timeout(10):
+            await locks.aclose()
+
+
+async def test_acl_user_without_any_permission(acl_redis: PasswordRedis) -> None:
+    exc = await _denied(f"redis://nothing:{SECRET}@127.0.0.1:{acl_redis.port}/0")
+    _no_secret(_chain(exc))
+    text = str(exc).lower()
+    assert "nothing" in text or "permission" in text or "acl" in text or "noperm" in text, text
+
+
+async def test_acl_user_without_scripting_falls_back(acl_redis: PasswordRedis) -> None:
+    """SPEC §6: the server refusing EVALSHA (an ACL without @scripting) -> WATCH/MULTI."""
+    url = f"redis://noscript:{SECRET}@127.0.0.1:{acl_redis.port}/0"
+    async with asyncio.timeout(20), aiolock.connect(url) as locks:
+        name = f"c-{uuid.uuid4().hex}"
+        first = await locks.lock(name, ttl=5).acquire()
+        with pytest.raises(aiolock.LockTimeout):
+            await locks.lock(name, ttl=5).acquire(timeout=0)
+        await first.release()
+        second = await locks.lock(name, ttl=5).acquire(timeout=2)
+        assert second.token > first.token
+        await second.release()
+
+
+async def test_acl_user_without_scripting_fair_lock_refused_cleanly(acl_redis: PasswordRedis) -> None:
+    """scripting=off offers lock() only, not fair: asking for more is an aiolock error
+    (ValueError or AccessDenied), never a raw server reply."""
+    url = f"redis://noscript:{SECRET}@127.0.0.1:{acl_redis.port}/0"
+    async with asyncio.timeout(20), aiolock.connect(url) as locks:
+        with pytest.raises((ValueError, aiolock.LockError)):
+            lease = await locks.lock(f"c-{uuid.uuid4().hex}", fair=True).acquire(timeout=1)
+            await lease.release()
+        with pytest.raises((ValueError, aiolock.LockError)):
+            async with locks.rwlock(f"c-{uuid.uuid4().hex}").read():
+                pass
+
+
+# --- the command line ------------------------------------------------------------------
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.pop("AIOLOCK_URL", None)
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+def _one_line(done: subprocess.CompletedProcess[str]) -> str:
+    out = (done.stdout + done.stderr).strip()
+    assert "Traceback" not in out, out
+    assert len(out.splitlines()) == 1, out
+    return out
+
+
+def test_cli_status_denied_one_line(password_redis: PasswordRedis) -> None:
+    url = f"redis://:{WRONG}@127.0.0.1:{password_redis.port}/0"
+    done = _cli("status", "--url", url, "x")
+    line = _one_line(done)
+    assert done.returncode == 77, (done.returncode, line)  # EX_NOPERM
+    _no_secret(line)
+
+
+def test_cli_run_denied_one_line_child_not_run(password_redis: PasswordRedis, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    marker = tmp_path / "ran"
+    done = _cli("run", "--url", password_redis.url, "x", "--", "touch", str(marker))
+    _one_line(done)
+    assert done.returncode == 77, done.returncode
+    assert not marker.exists()
+
+
+def test_cli_unreachable_one_line() -> None:
+    done = _cli("status", "--url", f"redis://u:{SECRET}@127.0.0.1:1/0", "x")
+    line = _one_line(done)
+    assert done.returncode == 69, (done.returncode, line)
+    _no_secret(line)
+
+
+def test_cli_bad_url_one_line() -> None:
+    done = _cli("status", "--url", "redis+bogus://127.0.0.1:1/0", "x")
+    _one_line(done)
+    assert done.returncode not in (0, 1), done.returncode
+
+
+def test_cli_bad_name_one_line() -> None:
+    done = _cli("status", "--url", "memory://", "x" * 513)
+    _one_line(done)
+    assert done.returncode not in (0, 1), done.returncode
