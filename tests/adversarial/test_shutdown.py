@@ -1,0 +1,203 @@
+"""aclose() under waiters leaves nothing behind (issue 9 #5); a dead or silent server
+fails every waiter within connect_timeout + request_timeout (issue 9 #6, SPEC §4);
+replies that mean "not now" (READONLY, MASTERDOWN) are BackendUnavailable (#12)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+
+import aiolock
+
+from ..servers import RedisServer
+from ..zk_server import ZooKeeperServer
+from .servers import PasswordRedis
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.close()
+
+
+def _url(request: pytest.FixtureRequest, backend: str) -> str:
+    if backend == "redis":
+        return str(request.getfixturevalue("redis_server").url)
+    zk: ZooKeeperServer = request.getfixturevalue("zk_server")
+    return f"zookeeper://{zk.hosts}/adv-{uuid.uuid4().hex[:8]}"
+
+
+async def _settle(tasks: list[asyncio.Task[Any]], within: float) -> list[BaseException | None]:
+    """Wait for every task; return each one's exception (None if it returned)."""
+    async with asyncio.timeout(within):
+        out = await asyncio.gather(*tasks, return_exceptions=True)
+    return [r if isinstance(r, BaseException) else None for r in out]
+
+
+@pytest.mark.parametrize("backend", ["redis", "zookeeper"])
+async def test_aclose_with_fair_waiters_and_writers(request: pytest.FixtureRequest,
+                                                    backend: str) -> None:
+    url = _url(request, backend)
+    name, rw = f"f-{uuid.uuid4().hex}", f"rw-{uuid.uuid4().hex}"
+    async with aiolock.connect(url) as a, aiolock.connect(url) as c:
+        holder = await a.lock(name, ttl=20, fair=True).acquire()
+        reader = await a.rwlock(rw, ttl=20).read().acquire()
+        b = aiolock.connect(url)
+        waiters = [asyncio.create_task(b.lock(name, ttl=20, fair=True).acquire())
+                   for _ in range(5)]
+        writers = [asyncio.create_task(b.rwlock(rw, ttl=20).write().acquire())
+                   for _ in range(3)]
+        await asyncio.sleep(0.5)
+        assert not any(t.done() for t in waiters + writers)
+        async with asyncio.timeout(10):
+            await b.aclose()
+        results = await _settle(waiters + writers, 5)
+        for r in results:  # every waiter of the closed connection ended, with an aiolock error
+            assert isinstance(r, (aiolock.LockError, asyncio.CancelledError)), repr(r)
+        await holder.release()
+        await reader.release()
+        t0 = time.monotonic()
+        async with asyncio.timeout(10):
+            lease = await c.lock(name, ttl=20, fair=True).acquire()
+            took_lock = time.monotonic() - t0
+            t0 = time.monotonic()
+            wlease = await c.rwlock(rw, ttl=20).write().acquire()
+            took_write = time.monotonic() - t0
+        assert took_lock < 1.0, f"fair newcomer waited {took_lock:.1f}s after aclose()"
+        assert took_write < 1.0, f"writer waited {took_write:.1f}s after aclose()"
+        await lease.release()
+        await wlease.release()
+
+
+async def test_aclose_releases_what_it_holds(request: pytest.FixtureRequest) -> None:
+    url = _url(request, "redis")
+    name = f"h-{uuid.uuid4().hex}"
+    b = aiolock.connect(url)
+    lease = await b.lock(name, ttl=20).acquire()
+    sem = await b.semaphore(name + "s", limit=1, ttl=20).acquire()
+    await b.aclose()
+    async with aiolock.connect(url) as c:
+        async with asyncio.timeout(2):
+            again = await c.lock(name, ttl=20).acquire(timeout=0)
+            assert again.token > lease.token
+            await again.release()
+            permit = await c.semaphore(name + "s", limit=1, ttl=20).acquire(timeout=0)
+            await permit.release()
+    # after aclose(), using the connection is an error, not a hang
+    with pytest.raises((aiolock.LockError, RuntimeError)):
+        async with asyncio.timeout(3):
+            await b.lock(name).acquire(timeout=0)
+
+
+async def test_aclose_twice_and_concurrently(request: pytest.FixtureRequest) -> None:
+    b = aiolock.connect(_url(request, "redis"))
+    lease = await b.lock(f"x-{uuid.uuid4().hex}").acquire()
+    async with asyncio.timeout(10):
+        await asyncio.gather(b.aclose(), b.aclose())
+        await b.aclose()
+    assert lease.released or lease.lost
+
+
+# --- a dead or silent server -----------------------------------------------------------
+
+KINDS: dict[str, Callable[[aiolock.Locks, str], Awaitable[Any]]] = {
+    "lock": lambda l, n: l.lock(n, ttl=10).acquire(),
+    "fair": lambda l, n: l.lock(n, ttl=10, fair=True).acquire(),
+    "write": lambda l, n: l.rwlock(n, ttl=10).write().acquire(),
+    "semaphore": lambda l, n: l.semaphore(n, limit=1, ttl=10).acquire(),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+async def test_waiters_fail_together_when_server_dies(own_redis: RedisServer, kind: str) -> None:
+    """(A SIGSTOPped server is not in this bound: waiters send nothing while they wait,
+    and see it at their ttl-bounded retry; measured 4.8-10.5 s with ttl=10.)"""
+    fault = "kill"
+    name = f"d-{uuid.uuid4().hex}"
+    start = KINDS[kind]
+    async with aiolock.connect(own_redis.url, connect_timeout=1, request_timeout=1) as holder:
+        held = await start(holder, name)  # keep it: a collected Lease is released
+        locks = aiolock.connect(own_redis.url, connect_timeout=1, request_timeout=1)
+        try:
+            waiters = [asyncio.create_task(start(locks, name)) for _ in range(10)]
+            await asyncio.sleep(0.5)
+            assert not any(t.done() for t in waiters)
+            died = time.monotonic()
+            if fault == "kill":
+                own_redis.kill()
+            else:
+                own_redis.pause()
+            ended: list[float] = []
+            for t in waiters:
+                t.add_done_callback(lambda _t: ended.append(time.monotonic() - died))
+            results = await _settle(waiters, 15)
+            for r in results:
+                assert isinstance(r, aiolock.BackendUnavailable), repr(r)
+            assert held is not None
+            assert max(ended) < 2.5, f"waiters failed at {sorted(round(e, 1) for e in ended)} s"
+        finally:
+            if fault == "pause":
+                own_redis.resume()
+            async with asyncio.timeout(10):
+                await locks.aclose()
+
+
+async def test_new_acquire_on_silent_server_bounded(own_redis: RedisServer) -> None:
+    async with aiolock.connect(own_redis.url, connect_timeout=1, request_timeout=1) as locks:
+        await (await locks.lock("warm").acquire()).release()
+        own_redis.pause()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(aiolock.BackendUnavailable):
+                async with asyncio.timeout(10):
+                    await locks.lock(f"s-{uuid.uuid4().hex}").acquire()
+            assert time.monotonic() - t0 < 2.5
+            t0 = time.monotonic()
+            with pytest.raises(aiolock.BackendUnavailable):
+                async with asyncio.timeout(10):
+                    await locks.status("warm")
+            assert time.monotonic() - t0 < 2.5
+        finally:
+            own_redis.resume()
+        # and it comes back
+        async with asyncio.timeout(10):
+            while True:
+                try:
+                    lease = await locks.lock(f"s-{uuid.uuid4().hex}").acquire(timeout=1)
+                    break
+                except aiolock.BackendUnavailable:
+                    await asyncio.sleep(0.2)
+            await lease.release()
+
+
+async def test_unreachable_connect_bounded() -> None:
+    # 192.0.2.1 (TEST-NET-1): packets go nowhere, a connect hangs until its timeout
+    for url in ("redis://192.0.2.1:6379/0", "zookeeper://192.0.2.1:2181/x",
+                "memcached://192.0.2.1:11211"):
+        t0 = time.monotonic()
+        with pytest.raises(aiolock.BackendUnavailable):
+            async with asyncio.timeout(15), aiolock.connect(url, connect_timeout=1) as locks:
+                await locks.lock("x").acquire(timeout=0)
+        assert time.monotonic() - t0 < 3, url
+
+
+@pytest.mark.parametrize("extra", [
+    ["--replicaof", "127.0.0.1", "1"],  # a replica: writes get READONLY
+    ["--replicaof", "127.0.0.1", "1", "--replica-serve-stale-data", "no"],  # MASTERDOWN
+])
+async def test_not_now_replies_are_backend_unavailable(extra: list[str]) -> None:
+    server = PasswordRedis(extra=extra).start()
+    try:
+        async with asyncio.timeout(20):
+            with pytest.raises(aiolock.BackendUnavailable):
+                async with aiolock.connect(server.url, connect_timeout=1,
+                                           request_timeout=1) as locks:
+                    await locks.lock(f"r-{uuid.uuid4().hex}").acquire(timeout=1)
+    finally:
+        server.close()
