@@ -1,0 +1,355 @@
+"""General promises under a demanding user: cancellation at random points never leaves a
+lock held by nobody (randomized, real Redis and ZooKeeper); fencing tokens strictly
+increase; reentrancy and the same-task LockError; child tasks of wait_for/gather keep the
+lease; anyio task groups and cancel scopes; a lost lease cancels the body and raises
+LockLost."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+import aiolock
+
+from ..zk_server import ZooKeeperServer
+
+SEED = int(os.environ.get("ADV_SEED", str(random.randrange(1 << 30))))
+
+
+@pytest.fixture(params=["redis", "zookeeper"])
+async def url(request: pytest.FixtureRequest) -> str:
+    if request.param == "redis":
+        return str(request.getfixturevalue("redis_server").url)
+    zk: ZooKeeperServer = request.getfixturevalue("zk_server")
+    return f"zookeeper://{zk.hosts}/adv-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def pair(url: str) -> AsyncIterator[tuple[aiolock.Locks, aiolock.Locks]]:
+    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
+        yield a, b
+
+
+def _primitive(locks: aiolock.Locks, kind: str, name: str) -> Any:
+    if kind == "lock":
+        return locks.lock(name, ttl=5)
+    if kind == "fair":
+        return locks.lock(name, ttl=5, fair=True)
+    if kind == "write":
+        return locks.rwlock(name, ttl=5).write()
+    if kind == "read":
+        return locks.rwlock(name, ttl=5).read()
+    return locks.semaphore(name, limit=1, ttl=5)
+
+
+async def _free_now(locks: aiolock.Locks, kind: str, name: str) -> None:
+    """The primitive can be taken at once by a third party: nothing leaked."""
+    async with asyncio.timeout(5):
+        try:
+            lease = await _primitive(locks, kind, name).acquire(timeout=1.0)
+        except aiolock.LockTimeout:
+            raise AssertionError(f"{kind} {name!r} leaked: {await locks.status(name)}") from None
+        await lease.release()
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair", "write", "semaphore"])
+async def test_random_cancellation_never_leaks(pair: tuple[aiolock.Locks, aiolock.Locks],
+                                               kind: str, url: str) -> None:
+    a, b = pair
+    rng = random.Random(SEED)
+    rounds = 60 if url.startswith("redis") else 30
+    name = f"c-{uuid.uuid4().hex}"
+    for i in range(rounds):
+        holder = None
+        if rng.random() < 0.5:  # contended: someone else holds it, releases at a random time
+            holder = await _primitive(a, kind, name).acquire()
+        task = asyncio.create_task(_primitive(b, kind, name).acquire())
+        delay = rng.choice([0, 0, rng.random() * 0.003, rng.random() * 0.02])
+        steps = rng.randrange(0, 12)
+        if holder is not None and rng.random() < 0.5:
+            asyncio.get_running_loop().call_later(delay / 2, lambda h=holder: asyncio.ensure_future(h.release()))
+        if delay:
+            await asyncio.sleep(delay)
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        task.cancel()
+        try:
+            lease = await task
+        except asyncio.CancelledError:
+            lease = None
+        except aiolock.LockError as exc:
+            raise AssertionError(f"seed {SEED} round {i}: {exc!r}") from exc
+        if lease is not None:
+            # cancel the release at a random point too; a second release is safe
+            rel = asyncio.create_task(lease.release())
+            for _ in range(rng.randrange(0, 6)):
+                await asyncio.sleep(0)
+            rel.cancel()
+            try:
+                await rel
+            except asyncio.CancelledError:
+                pass
+            await lease.release()
+        if holder is not None:
+            await holder.release()
+        if i % 10 == 9:
+            await _free_now(a, kind, name)
+    await _free_now(a, kind, name)
+    info = await a.status(name)
+    assert not info.held and info.waiters == 0, f"seed {SEED}: {info}"
+
+
+async def test_cancel_inside_body_releases(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, b = pair
+    name = f"c-{uuid.uuid4().hex}"
+
+    async def body() -> None:
+        async with a.lock(name, ttl=5):
+            await asyncio.sleep(10)
+
+    task = asyncio.create_task(body())
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await _free_now(b, "lock", name)
+
+
+async def test_fencing_tokens_strictly_increase_under_contention(
+        pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, b = pair
+    name = f"t-{uuid.uuid4().hex}"
+    grants: list[int] = []
+    inside = 0
+    rng = random.Random(SEED)
+
+    async def worker(locks: aiolock.Locks, fair: bool) -> None:
+        nonlocal inside
+        for _ in range(15):
+            try:
+                async with asyncio.timeout(rng.choice([0.005, 0.05, 5])):
+                    async with locks.lock(name, ttl=5, fair=fair) as lease:
+                        inside += 1
+                        try:
+                            assert inside == 1, "two holders at once"
+                            grants.append(lease.token)
+                            await asyncio.sleep(rng.random() * 0.005)
+                        finally:
+                            inside -= 1
+            except TimeoutError:
+                pass
+
+    async with asyncio.timeout(60):
+        await asyncio.gather(*(worker(conn, fair) for conn in (a, b, a, b)
+                               for fair in (False,)))
+    assert grants == sorted(grants) and len(set(grants)) == len(grants), grants
+    await _free_now(a, "lock", name)
+
+
+async def test_reentrancy(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, b = pair
+    name = f"r-{uuid.uuid4().hex}"
+    lock = a.lock(name, ttl=5, reentrant=True)
+    outer = await lock.acquire()
+    inner = await lock.acquire(timeout=0)
+    assert inner.token == outer.token
+
+    async def child() -> None:  # a task started while held is another task
+        with pytest.raises(aiolock.LockTimeout):
+            await lock.acquire(timeout=0.2)
+
+    await asyncio.create_task(child())
+    await inner.release()
+    assert (await b.status(name)).held, "released before the last release"
+    with pytest.raises(aiolock.LockTimeout):
+        await b.lock(name, ttl=5, reentrant=True).acquire(timeout=0)
+    await outer.release()
+    await _free_now(b, "lock", name)
+
+
+@pytest.mark.parametrize("kind", ["lock", "write"])
+async def test_same_task_deadlock_is_an_error_and_keeps_the_lock(
+        pair: tuple[aiolock.Locks, aiolock.Locks], kind: str) -> None:
+    a, b = pair
+    name = f"d-{uuid.uuid4().hex}"
+    lease = await _primitive(a, kind, name).acquire()
+    t0 = time.monotonic()
+    with pytest.raises(aiolock.LockError) as info:
+        async with asyncio.timeout(5):
+            await _primitive(a, kind, name).acquire()
+    assert not isinstance(info.value, aiolock.LockTimeout)
+    assert time.monotonic() - t0 < 1
+    assert not lease.lost
+    assert (await b.status(name)).held or kind != "lock"  # still held
+    await lease.release()
+    await _free_now(b, kind, name)
+
+
+ONE_TRY_KINDS = ["lock", "fair", "write", "semaphore", "fair-semaphore"]
+
+
+@pytest.mark.parametrize("kind", ONE_TRY_KINDS)
+async def test_failed_one_try_leaves_nothing_behind(pair: tuple[aiolock.Locks, aiolock.Locks],
+                                                    kind: str) -> None:
+    """issue 9 #4 for every primitive: acquire(timeout=0) that fails must not delay the
+    next acquirer once the holder releases (measured: the next writer on Redis waits a
+    full ttl)."""
+    a, b = pair
+    name = f"o-{uuid.uuid4().hex}"
+
+    def prim(locks: aiolock.Locks) -> Any:
+        if kind == "fair-semaphore":
+            return locks.semaphore(name, limit=1, ttl=5, fair=True)
+        return _primitive(locks, kind, name)
+
+    holder = await prim(a).acquire()
+    for _ in range(3):
+        with pytest.raises(aiolock.LockTimeout):
+            await prim(b).acquire(timeout=0)
+    await holder.release()
+    t0 = time.monotonic()
+    async with asyncio.timeout(10):
+        lease = await prim(a).acquire()
+    took = time.monotonic() - t0
+    await lease.release()
+    assert took < 0.5, f"next {kind} waited {took:.2f}s behind abandoned one-tries"
+
+
+async def test_child_tasks_keep_the_lease(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, b = pair
+    name1, name2 = f"w-{uuid.uuid4().hex}", f"g-{uuid.uuid4().hex}"
+    lease1 = await asyncio.wait_for(a.lock(name1, ttl=1).acquire(), 5)
+    (lease2,) = await asyncio.gather(a.lock(name2, ttl=1).acquire())
+    await asyncio.sleep(2.0)  # two ttls: only the watchdog keeps them
+    for lease, name in ((lease1, name1), (lease2, name2)):
+        assert not lease.lost
+        with pytest.raises(aiolock.LockTimeout):
+            await b.lock(name, ttl=1).acquire(timeout=0)
+        await lease.release()
+        await _free_now(b, "lock", name)
+
+
+# --- anyio (FastAPI / Starlette style) ----------------------------------------------------
+
+
+async def test_anyio_cancel_scope_around_body(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, b = pair
+    name = f"a-{uuid.uuid4().hex}"
+    with anyio.move_on_after(0.3) as scope:
+        async with a.lock(name, ttl=5):
+            await anyio.sleep(10)
+    assert scope.cancelled_caught
+    await _free_now(b, "lock", name)
+
+
+async def test_anyio_cancel_scope_while_waiting(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, b = pair
+    name = f"a-{uuid.uuid4().hex}"
+    holder = await b.lock(name, ttl=5).acquire()
+    for _ in range(5):
+        with anyio.move_on_after(0.05):
+            async with a.lock(name, ttl=5):
+                raise AssertionError("got a held lock")
+    await holder.release()
+    await _free_now(a, "lock", name)
+    assert (await a.status(name)).waiters == 0
+
+
+async def test_anyio_task_group_workers(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, b = pair
+    name = f"a-{uuid.uuid4().hex}"
+    inside = 0
+    done = 0
+
+    async def worker(locks: aiolock.Locks) -> None:
+        nonlocal inside, done
+        async with locks.lock(name, ttl=5):
+            inside += 1
+            assert inside == 1
+            await anyio.sleep(0.01)
+            inside -= 1
+            done += 1
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            for i in range(12):
+                tg.start_soon(worker, (a, b)[i % 2])
+    assert done == 12
+
+    # cancel the whole group midway: nothing left held
+    async with anyio.create_task_group() as tg:
+        for i in range(12):
+            tg.start_soon(worker, (a, b)[i % 2])
+        await anyio.sleep(0.03)
+        tg.cancel_scope.cancel()
+    await _free_now(b, "lock", name)
+
+
+async def test_lost_lease_in_anyio_task_group_raises_lock_lost(
+        pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, _ = pair
+    name = f"l-{uuid.uuid4().hex}"
+    t0 = time.monotonic()
+    with pytest.raises((aiolock.LockLost, ExceptionGroup)) as info:
+        async with asyncio.timeout(10):
+            async with a.lock(name, ttl=0.6, watchdog=False):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(anyio.sleep_forever)
+                    await anyio.sleep_forever()
+    exc = info.value
+    if isinstance(exc, ExceptionGroup):
+        assert exc.subgroup(aiolock.LockLost) is not None, repr(exc)
+    assert time.monotonic() - t0 < 2
+
+
+# --- losing a lease --------------------------------------------------------------------
+
+
+async def test_lost_lease_cancels_body(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, b = pair
+    name = f"l-{uuid.uuid4().hex}"
+    reached = False
+    t0 = time.monotonic()
+    with pytest.raises(aiolock.LockLost):
+        async with asyncio.timeout(10):
+            async with a.lock(name, ttl=0.6, watchdog=False) as lease:
+                await asyncio.sleep(5)
+                reached = True
+    assert not reached and lease.lost
+    assert time.monotonic() - t0 < 1.5
+    await _free_now(b, "lock", name)
+
+
+async def test_lost_lease_raise_mode_runs_on(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, _ = pair
+    name = f"l-{uuid.uuid4().hex}"
+    finished = False
+    with pytest.raises(aiolock.LockLost):
+        async with a.lock(name, ttl=0.5, watchdog=False, on_lost="raise") as lease:
+            await asyncio.sleep(1.0)
+            assert lease.lost
+            finished = True
+    assert finished
+
+
+async def test_lost_lease_body_error_not_hidden(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    """The body raises its own error after the loss (on_lost='raise'): which one wins is
+    the library's choice, but it is an aiolock error or the user's, never something else,
+    and the user's error is not lost from the chain."""
+    a, _ = pair
+    name = f"l-{uuid.uuid4().hex}"
+    with pytest.raises((aiolock.LockLost, KeyError)) as info:
+        async with a.lock(name, ttl=0.5, watchdog=False, on_lost="raise"):
+            await asyncio.sleep(0.8)
+            raise KeyError("mine")
+    exc = info.value
+    if isinstance(exc, aiolock.LockLost):
+        assert isinstance(exc.__context__, KeyError) or isinstance(exc.__cause__, KeyError)
