@@ -71,7 +71,7 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
-from ..errors import BackendUnavailable, LockError
+from ..errors import AccessDenied, BackendUnavailable, LockError
 
 try:
     _ASYNCPG: Any = importlib.import_module("asyncpg")
@@ -114,6 +114,12 @@ CREATE TABLE IF NOT EXISTS aiolock_rows (
     name text NOT NULL,
     PRIMARY KEY (family, name)
 );
+"""
+
+#: True when every table of :data:`_SCHEMA` exists on the search path.
+_TABLES_PRESENT = """
+SELECT to_regclass('aiolock_tokens') IS NOT NULL AND to_regclass('aiolock_holders') IS NOT NULL
+   AND to_regclass('aiolock_rows') IS NOT NULL
 """
 
 #: Record the grant: bump the token, note the holder, start the server-side expiry.
@@ -205,6 +211,13 @@ def advisory_key(family: str, name: str, slot: int | None = None) -> int:
 def _asyncpg() -> Any:
     """``asyncpg``, imported with this module (it has no type information)."""
     return _ASYNCPG
+
+
+def _is_denied(exc: BaseException) -> bool:
+    """A refused login or a missing privilege (SQLSTATE 28000, 28P01, 42501)."""
+    errors = _asyncpg().exceptions
+    return isinstance(exc, (errors.InsufficientPrivilegeError, errors.InvalidPasswordError,
+                            errors.InvalidAuthorizationSpecificationError))
 
 
 def _is_connection_error(exc: BaseException) -> bool:
@@ -413,6 +426,11 @@ class PostgresBackend(Backend):
         except Exception as exc:
             if isinstance(exc, (LockError, ValueError)):
                 raise
+            if _is_denied(exc):
+                raise AccessDenied(
+                    f"PostgreSQL at {self._url} refused the login ({exc}); check the user and "
+                    "password in the URL, and that the user may CONNECT to the database"
+                ) from exc
             raise BackendUnavailable(
                 f"cannot reach PostgreSQL at {self._url} ({type(exc).__name__}: {exc})"
             ) from exc
@@ -428,12 +446,17 @@ class PostgresBackend(Backend):
         async with self._schema_lock:
             if self._schema_ready:
                 return
-            async with self._guard(), conn.transaction():
-                # serialize concurrent CREATE ... IF NOT EXISTS across processes
-                await conn.execute(
-                    "SELECT pg_advisory_xact_lock($1::bigint)", advisory_key("", _SCHEMA_KEY_TEXT)
-                )
-                await conn.execute(_SCHEMA)
+            async with self._guard():
+                # tables made by an administrator need no CREATE privilege (least privilege)
+                present = await conn.fetchval(_TABLES_PRESENT)
+            if not present:
+                async with self._guard(), conn.transaction():
+                    # serialize concurrent CREATE ... IF NOT EXISTS across processes
+                    await conn.execute(
+                        "SELECT pg_advisory_xact_lock($1::bigint)",
+                        advisory_key("", _SCHEMA_KEY_TEXT),
+                    )
+                    await conn.execute(_SCHEMA)
             self._schema_ready = True
 
     @contextlib.asynccontextmanager
@@ -449,6 +472,12 @@ class PostgresBackend(Backend):
             if _is_connection_error(exc):
                 raise BackendUnavailable(
                     f"PostgreSQL at {self._url} is unavailable ({type(exc).__name__}: {exc})"
+                ) from exc
+            if _is_denied(exc):
+                raise AccessDenied(
+                    f"PostgreSQL at {self._url} denied a permission aiolock needs ({exc}); the "
+                    "user needs SELECT, INSERT, UPDATE, DELETE on aiolock_tokens, aiolock_holders "
+                    "and aiolock_rows (or CREATE on the schema to make them)"
                 ) from exc
             raise LockError(f"PostgreSQL at {self._url} refused the request: {exc}") from exc
 
