@@ -68,8 +68,8 @@ class TLSRedis(RedisServer):
         cmd = super().command()
         i = cmd.index("--port")
         cmd[i + 1] = "0"
-        return cmd + [
-            "--tls-port", str(self.tls_port),
+        return [
+            *cmd, "--tls-port", str(self.tls_port),
             "--tls-cert-file", str(self.files["server"]),
             "--tls-key-file", str(self.files["server_key"]),
             "--tls-ca-cert-file", str(self.files["ca"]),

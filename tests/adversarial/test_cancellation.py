@@ -7,6 +7,7 @@ LockLost."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import time
@@ -60,6 +61,11 @@ async def _free_now(locks: aiolock.Locks, kind: str, name: str) -> None:
         await lease.release()
 
 
+async def _release_after(lease: aiolock.Lease, delay: float) -> None:
+    await asyncio.sleep(delay)
+    await lease.release()
+
+
 @pytest.mark.parametrize("kind", ["lock", "fair", "write", "semaphore"])
 async def test_random_cancellation_never_leaks(pair: tuple[aiolock.Locks, aiolock.Locks],
                                                kind: str, url: str) -> None:
@@ -74,8 +80,9 @@ async def test_random_cancellation_never_leaks(pair: tuple[aiolock.Locks, aioloc
         task = asyncio.create_task(_primitive(b, kind, name).acquire())
         delay = rng.choice([0, 0, rng.random() * 0.003, rng.random() * 0.02])
         steps = rng.randrange(0, 12)
-        if holder is not None and rng.random() < 0.5:
-            asyncio.get_running_loop().call_later(delay / 2, lambda h=holder: asyncio.ensure_future(h.release()))
+        releaser = None
+        if holder is not None and rng.random() < 0.5:  # the holder lets go meanwhile
+            releaser = asyncio.create_task(_release_after(holder, delay / 2))
         if delay:
             await asyncio.sleep(delay)
         for _ in range(steps):
@@ -93,11 +100,11 @@ async def test_random_cancellation_never_leaks(pair: tuple[aiolock.Locks, aioloc
             for _ in range(rng.randrange(0, 6)):
                 await asyncio.sleep(0)
             rel.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await rel
-            except asyncio.CancelledError:
-                pass
             await lease.release()
+        if releaser is not None:
+            await releaser
         if holder is not None:
             await holder.release()
         if i % 10 == 9:
@@ -300,10 +307,9 @@ async def test_lost_lease_in_anyio_task_group_raises_lock_lost(
     t0 = time.monotonic()
     with pytest.raises((aiolock.LockLost, ExceptionGroup)) as info:
         async with asyncio.timeout(10):
-            async with a.lock(name, ttl=0.6, watchdog=False):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(anyio.sleep_forever)
-                    await anyio.sleep_forever()
+            async with a.lock(name, ttl=0.6, watchdog=False), anyio.create_task_group() as tg:
+                tg.start_soon(anyio.sleep_forever)
+                await anyio.sleep_forever()
     exc = info.value
     if isinstance(exc, ExceptionGroup):
         assert exc.subgroup(aiolock.LockLost) is not None, repr(exc)

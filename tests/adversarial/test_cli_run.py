@@ -42,7 +42,7 @@ def test_run_keeps_child_status_when_release_fails(own_redis: RedisServer, tmp_p
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
     own_redis.kill()  # the server dies while the child runs with a valid 30 s lease
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 3, (proc.returncode, err)
     assert "Traceback" not in err, err
     assert "release" in err.lower(), f"should say on stderr that the release failed: {err!r}"

@@ -24,7 +24,7 @@ CLI = [sys.executable, "-m", "aiolock"]
 
 def _chain(exc: BaseException) -> str:
     """The text of an exception and everything chained to it."""
-    parts = []
+    parts: list[str] = []
     seen: BaseException | None = exc
     while seen is not None and len(parts) < 10:
         parts.append(f"{type(seen).__name__}: {seen} {seen!r}")

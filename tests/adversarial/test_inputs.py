@@ -29,7 +29,7 @@ async def locks(request: pytest.FixtureRequest) -> Any:
         yield conn
 
 
-@pytest.mark.parametrize("ttl", BAD_NUMBERS + ["30", None, True])
+@pytest.mark.parametrize("ttl", [*BAD_NUMBERS, "30", None, True])
 async def test_bad_ttl(locks: aiolock.Locks, ttl: Any) -> None:
     async with asyncio.timeout(5):
         with pytest.raises(ValueError, match="ttl"):
@@ -184,7 +184,7 @@ async def test_connect_sync_client_refused(redis_server: RedisServer) -> None:
 
 
 async def test_connect_sentinel_object_refused() -> None:
-    sentinel = redis.asyncio.sentinel.Sentinel([("127.0.0.1", 1)])
+    sentinel = redis.asyncio.sentinel.Sentinel([("127.0.0.1", 1)])  # type: ignore[no-untyped-call]
     with pytest.raises(ValueError):
         async with asyncio.timeout(5), aiolock.connect(sentinel):
             pass

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
@@ -80,7 +80,7 @@ async def test_aclose_releases_what_it_holds(request: pytest.FixtureRequest) -> 
     name = f"h-{uuid.uuid4().hex}"
     b = aiolock.connect(url)
     lease = await b.lock(name, ttl=20).acquire()
-    sem = await b.semaphore(name + "s", limit=1, ttl=20).acquire()
+    await b.semaphore(name + "s", limit=1, ttl=20).acquire()
     await b.aclose()
     async with aiolock.connect(url) as c:
         async with asyncio.timeout(2):
@@ -106,11 +106,11 @@ async def test_aclose_twice_and_concurrently(request: pytest.FixtureRequest) -> 
 
 # --- a dead or silent server -----------------------------------------------------------
 
-KINDS: dict[str, Callable[[aiolock.Locks, str], Awaitable[Any]]] = {
-    "lock": lambda l, n: l.lock(n, ttl=10).acquire(),
-    "fair": lambda l, n: l.lock(n, ttl=10, fair=True).acquire(),
-    "write": lambda l, n: l.rwlock(n, ttl=10).write().acquire(),
-    "semaphore": lambda l, n: l.semaphore(n, limit=1, ttl=10).acquire(),
+KINDS: dict[str, Callable[[aiolock.Locks, str], Coroutine[Any, Any, Any]]] = {
+    "lock": lambda c, n: c.lock(n, ttl=10).acquire(),
+    "fair": lambda c, n: c.lock(n, ttl=10, fair=True).acquire(),
+    "write": lambda c, n: c.rwlock(n, ttl=10).write().acquire(),
+    "semaphore": lambda c, n: c.semaphore(n, limit=1, ttl=10).acquire(),
 }
 
 
@@ -125,7 +125,8 @@ async def test_waiters_fail_together_when_server_dies(own_redis: RedisServer, ki
         held = await start(holder, name)  # keep it: a collected Lease is released
         locks = aiolock.connect(own_redis.url, connect_timeout=1, request_timeout=1)
         try:
-            waiters = [asyncio.create_task(start(locks, name)) for _ in range(10)]
+            waiters: list[asyncio.Task[Any]] = [
+                asyncio.create_task(start(locks, name)) for _ in range(10)]
             await asyncio.sleep(0.5)
             assert not any(t.done() for t in waiters)
             died = time.monotonic()
