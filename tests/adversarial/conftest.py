@@ -16,6 +16,7 @@ ACL_USERS = [
     f"noscript on >{SECRET} ~* &* +@all -@scripting",
     f"nothing on >{SECRET} ~* &* -@all +auth +hello +ping",
     f"full on >{SECRET} ~* &* +@all",
+    f"nochannels on >{SECRET} ~* resetchannels +@all",
 ]
 
 

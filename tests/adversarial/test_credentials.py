@@ -69,10 +69,13 @@ async def test_wrong_password_never_shown(password_redis: PasswordRedis, how: st
     _no_secret(caplog.text)
 
 
-@pytest.mark.parametrize("how", ["url", "keyword"])
+@pytest.mark.parametrize("how", ["url", "keyword", "query"])
 async def test_right_password_works(password_redis: PasswordRedis, how: str) -> None:
-    url, opts = ((f"redis://:{SECRET}@127.0.0.1:{password_redis.port}/0", {}) if how == "url"
-                 else (password_redis.url, {"password": SECRET}))
+    url, opts = {
+        "url": (f"redis://:{SECRET}@127.0.0.1:{password_redis.port}/0", {}),
+        "keyword": (password_redis.url, {"password": SECRET}),
+        "query": (f"{password_redis.url}?password={SECRET}", {}),
+    }[how]
     async with aiolock.connect(url, **opts) as locks:
         name = f"c-{uuid.uuid4().hex}"
         lease = await locks.lock(name, ttl=5).acquire()
@@ -91,6 +94,39 @@ async def test_unreachable_url_with_password_not_shown(caplog: pytest.LogCapture
                 pass
     _no_secret(_chain(info.value))
     _no_secret(caplog.text)
+
+
+@pytest.mark.parametrize("url", [
+    f"zookeeper://alice:{SECRET}@127.0.0.1:1/x?bogus=1",
+    f"redis://u:{SECRET}@127.0.0.1:notaport/0",
+    f"redis://u:{SECRET}@127.0.0.1:1/0?bogus=1",
+    f"redis+cluster://u:{SECRET}@127.0.0.1:1?bogus=1",
+    f"redlock://u:{SECRET}@127.0.0.1:1?bogus=1",
+    f"memcached://u:{SECRET}@127.0.0.1:1?bogus=1",
+    f"postgresql://u:{SECRET}@127.0.0.1:1/db?bogus=1",
+    f"redis+nope://u:{SECRET}@127.0.0.1:1/0",
+])
+async def test_refused_url_never_echoes_password(url: str) -> None:
+    """A URL refused for any reason: the error may show the URL, never its password."""
+    async with asyncio.timeout(15):
+        with pytest.raises((ValueError, aiolock.LockError)) as info:
+            async with aiolock.connect(url, connect_timeout=1):
+                pass
+    _no_secret(_chain(info.value))
+
+
+async def test_subscription_refused_surfaces_to_waiter(acl_redis: PasswordRedis) -> None:
+    """A user who may not SUBSCRIBE: the waiting acquire gets an error (AccessDenied)
+    soon, instead of silently degrading to ttl-bounded retries (issue 9 #2)."""
+    name = f"c-{uuid.uuid4().hex}"
+    async with aiolock.connect(acl_redis.url) as owner:
+        holder = await owner.lock(name, ttl=20).acquire()
+        url = f"redis://nochannels:{SECRET}@127.0.0.1:{acl_redis.port}/0"
+        async with aiolock.connect(url, connect_timeout=2, request_timeout=2) as locks:
+            with pytest.raises(aiolock.AccessDenied):
+                async with asyncio.timeout(8):
+                    await locks.lock(name, ttl=20).acquire()
+        await holder.release()
 
 
 async def test_lazy_connection_denied_on_first_use(password_redis: PasswordRedis) -> None:

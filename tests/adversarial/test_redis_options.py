@@ -125,6 +125,15 @@ async def test_tls_ca_data_keyword(tls_redis: TLSRedis) -> None:
         await _handoff(locks)
 
 
+async def test_tls_cert_reqs_none(tls_redis: TLSRedis) -> None:
+    """ssl_cert_reqs=none (no server verification) with a client certificate connects."""
+    f = tls_redis.files
+    url = (f"{tls_redis.url}?ssl_cert_reqs=none&ssl_certfile={f['client']}"
+           f"&ssl_keyfile={f['client_key']}")
+    async with asyncio.timeout(20), aiolock.connect(url, connect_timeout=3) as locks:
+        await _handoff(locks)
+
+
 async def test_tls_without_client_cert_fails_bounded(tls_redis: TLSRedis) -> None:
     """The server demands a client certificate: a LockError in bounded time, not a hang
     or a bare ssl error."""
@@ -203,3 +212,39 @@ async def test_socket_keepalive_and_health_check_accepted(redis_server: RedisSer
     async with aiolock.connect(redis_server.url, socket_keepalive=True,
                                health_check_interval=10) as locks:
         await _handoff(locks)
+
+
+async def test_db_number_is_honoured(redis_server: RedisServer) -> None:
+    """/1 and /2 are different data: the same name is a different lock in each, and
+    the keys land in the db the URL names."""
+    name = f"db-{uuid.uuid4().hex}"
+    base = f"redis://127.0.0.1:{redis_server.port}"
+    admin = redis.Redis(port=redis_server.port, db=7)
+    try:
+        before = admin.dbsize()
+        async with aiolock.connect(f"{base}/7") as seven, aiolock.connect(f"{base}/8") as eight:
+            lease7 = await seven.lock(name, ttl=5).acquire(timeout=0)
+            lease8 = await eight.lock(name, ttl=5).acquire(timeout=0)
+            assert admin.dbsize() > before, "no key written in db 7"
+            assert lease7.token == lease8.token == 1 or lease8.token == 1
+            await lease7.release()
+            await lease8.release()
+    finally:
+        admin.close()
+
+
+async def test_unix_socket_url_with_db() -> None:
+    server = PasswordRedis(extra=["--unixsocket", "SOCK"])
+    server.extra[1] = str(server.dir / "redis.sock")
+    server.start()
+    try:
+        url = f"unix://{server.dir / 'redis.sock'}?db=3"
+        async with asyncio.timeout(20), aiolock.connect(url) as locks:
+            await _handoff(locks)
+        admin = redis.Redis(unix_socket_path=str(server.dir / "redis.sock"), db=3)
+        try:
+            assert admin.dbsize() > 0, "the token counter should live in db 3"
+        finally:
+            admin.close()
+    finally:
+        server.close()
