@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -225,3 +226,34 @@ def test_cli_bad_name_one_line() -> None:
     done = _cli("status", "--url", "memory://", "x" * 513)
     _one_line(done)
     assert done.returncode not in (0, 1), done.returncode
+
+
+@pytest.fixture(scope="module")
+def password_trio() -> Iterator[list[PasswordRedis]]:
+    servers = [PasswordRedis(password=SECRET).start() for _ in range(3)]
+    yield servers
+    for s in servers:
+        s.close()
+
+
+@pytest.mark.parametrize("how", ["url", "keyword"])
+async def test_redlock_with_password(password_trio: list[PasswordRedis], how: str) -> None:
+    hosts = ",".join(f"127.0.0.1:{s.port}" for s in password_trio)
+    url, opts = ((f"redlock://:{SECRET}@{hosts}", {}) if how == "url"
+                 else (f"redlock://{hosts}", {"password": SECRET}))
+    async with asyncio.timeout(20), aiolock.connect(url, connect_timeout=2,
+                                                    request_timeout=2, **opts) as locks:
+        lease = await locks.lock(f"c-{uuid.uuid4().hex}", ttl=5).acquire(timeout=2)
+        await lease.release()
+
+
+async def test_redlock_without_password_denied(password_trio: list[PasswordRedis]) -> None:
+    hosts = ",".join(f"127.0.0.1:{s.port}" for s in password_trio)
+    await _denied(f"redlock://{hosts}")
+
+
+def test_cli_status_acl_user_without_permissions(acl_redis: PasswordRedis) -> None:
+    done = _cli("status", "--url", f"redis://nothing:{SECRET}@127.0.0.1:{acl_redis.port}/0", "x")
+    line = _one_line(done)
+    assert done.returncode == 77, (done.returncode, line)
+    _no_secret(line)

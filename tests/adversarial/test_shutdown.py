@@ -202,3 +202,36 @@ async def test_not_now_replies_are_backend_unavailable(extra: list[str]) -> None
                     await locks.lock(f"r-{uuid.uuid4().hex}").acquire(timeout=1)
     finally:
         server.close()
+
+
+async def test_aclose_bounded_on_dead_redis(own_redis: RedisServer) -> None:
+    name = f"k-{uuid.uuid4().hex}"
+    locks = aiolock.connect(own_redis.url, connect_timeout=1, request_timeout=1)
+    leases = [await locks.lock(f"{name}{i}", ttl=10).acquire() for i in range(5)]
+    fair = await locks.lock(name + "f", ttl=10, fair=True).acquire()
+    waiter = asyncio.create_task(locks.lock(name + "f", ttl=10, fair=True).acquire())
+    await asyncio.sleep(0.3)
+    own_redis.kill()
+    t0 = time.monotonic()
+    async with asyncio.timeout(15):
+        await locks.aclose()
+    assert time.monotonic() - t0 < 2.5, f"aclose() took {time.monotonic() - t0:.1f}s"
+    (r,) = await _settle([waiter], 5)
+    assert isinstance(r, aiolock.LockError), repr(r)
+    assert leases and fair is not None
+
+
+async def test_aclose_bounded_on_dead_zookeeper() -> None:
+    zk = ZooKeeperServer().start()
+    try:
+        locks = aiolock.connect(f"zookeeper://{zk.hosts}/adv", connect_timeout=1,
+                                request_timeout=1)
+        lease = await locks.lock("k", ttl=10).acquire()
+        zk.kill()
+        t0 = time.monotonic()
+        async with asyncio.timeout(20):
+            await locks.aclose()
+        assert time.monotonic() - t0 < 3, f"aclose() took {time.monotonic() - t0:.1f}s"
+        assert lease is not None
+    finally:
+        zk.close()

@@ -1,0 +1,149 @@
+"""Lease promises (SPEC §2-§3) on Redis and ZooKeeper: misuse raises aiolock errors, the
+lease reads the clock itself after a stall, a collected lease is released with a
+ResourceWarning, semaphores never over-admit, waiting writers are not starved."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+import aiolock
+
+from ..zk_server import ZooKeeperServer
+
+
+@pytest.fixture(params=["redis", "zookeeper"])
+async def url(request: pytest.FixtureRequest) -> str:
+    if request.param == "redis":
+        return str(request.getfixturevalue("redis_server").url)
+    zk: ZooKeeperServer = request.getfixturevalue("zk_server")
+    return f"zookeeper://{zk.hosts}/adv-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def pair(url: str) -> AsyncIterator[tuple[aiolock.Locks, aiolock.Locks]]:
+    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
+        yield a, b
+
+
+async def test_lease_misuse_raises_aiolock_errors(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, b = pair
+    name = f"m-{uuid.uuid4().hex}"
+    lease = await a.lock(name, ttl=5).acquire()
+    await lease.release()
+    await lease.release()  # a no-op
+    async with asyncio.timeout(3):
+        await lease.wait_lost()  # returns once released
+    with pytest.raises(aiolock.LockError):
+        await lease.extend(5)
+    # someone else holds it now: the old lease cannot extend it back
+    other = await b.lock(name, ttl=5).acquire(timeout=1)
+    with pytest.raises(aiolock.LockError):
+        await lease.extend(5)
+    assert not other.lost
+    await other.release()
+
+
+async def test_extend_after_loss_is_lock_lost(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, b = pair
+    name = f"m-{uuid.uuid4().hex}"
+    lease = await a.lock(name, ttl=0.4, watchdog=False).acquire()
+    await asyncio.sleep(0.6)
+    assert lease.lost
+    other = await b.lock(name, ttl=5).acquire(timeout=2)
+    with pytest.raises(aiolock.LockLost):
+        await lease.extend(5)
+    await lease.release()  # releasing a lost lease must not free someone else's lock
+    assert (await b.status(name)).held and not other.lost
+    await other.release()
+
+
+async def test_lost_reads_the_clock_after_a_stall(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, _ = pair
+    lease = await a.lock(f"m-{uuid.uuid4().hex}", ttl=0.6).acquire()
+    time.sleep(0.9)  # the event loop is stalled past the ttl: no renewal could run
+    assert lease.lost, "lease.lost must read the clock itself"
+    await lease.release()
+
+
+async def test_closed_connection_refuses_use(url: str) -> None:
+    locks = aiolock.connect(url)
+    await locks.aclose()
+    with pytest.raises(aiolock.LockError):
+        async with asyncio.timeout(3):
+            await locks.lock("x").acquire(timeout=0)
+    with pytest.raises(aiolock.LockError):
+        async with asyncio.timeout(3):
+            await locks.status("x")
+
+
+async def test_collected_lease_is_released_with_warning(
+        pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, b = pair
+    name = f"g-{uuid.uuid4().hex}"
+    with pytest.warns(ResourceWarning):
+        lease = await a.lock(name, ttl=10).acquire()
+        del lease
+        gc.collect()
+        await asyncio.sleep(0)
+    async with asyncio.timeout(5):
+        again = await b.lock(name, ttl=10).acquire(timeout=3)
+    await again.release()
+
+
+async def test_semaphore_never_over_admits(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, b = pair
+    name = f"s-{uuid.uuid4().hex}"
+    inside = peak = admitted = 0
+
+    async def worker(locks: aiolock.Locks, i: int) -> None:
+        nonlocal inside, peak, admitted
+        for _ in range(4):
+            try:
+                async with asyncio.timeout(0.02 if i % 3 == 0 else 10):
+                    async with locks.semaphore(name, limit=3, ttl=5):
+                        inside += 1
+                        try:
+                            peak = max(peak, inside)
+                            admitted += 1
+                            await asyncio.sleep(0.005)
+                        finally:
+                            inside -= 1
+            except TimeoutError:
+                pass
+
+    async with asyncio.timeout(60):
+        await asyncio.gather(*(worker((a, b)[i % 2], i) for i in range(12)))
+    assert peak <= 3, f"{peak} holders of a 3-permit semaphore"
+    assert admitted >= 30
+    permits = [await b.semaphore(name, limit=3, ttl=5).acquire(timeout=1) for _ in range(3)]
+    for p in permits:
+        await p.release()
+
+
+async def test_writer_not_starved(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, b = pair
+    name = f"w-{uuid.uuid4().hex}"
+    stop = asyncio.Event()
+
+    async def reader(locks: aiolock.Locks) -> None:
+        while not stop.is_set():
+            async with locks.rwlock(name, ttl=5).read():
+                await asyncio.sleep(0.05)
+
+    readers = [asyncio.create_task(reader((a, b)[i % 2])) for i in range(4)]
+    await asyncio.sleep(0.2)
+    t0 = time.monotonic()
+    try:
+        async with asyncio.timeout(5):
+            async with b.rwlock(name, ttl=5).write():
+                took = time.monotonic() - t0
+    finally:
+        stop.set()
+        await asyncio.gather(*readers)
+    assert took < 1.0, f"writer waited {took:.2f}s behind a stream of readers"
