@@ -8,6 +8,8 @@ See README.md for the full guide; SPEC.md for the contract.
 """
 
 from ._connect import SCHEMES, connect
+from ._election import Campaign, Election, Leader, Leadership
+from ._holder import Holder
 from ._lease import Lease
 from ._lock import Lock
 from ._locks import Locks, RWLock, Semaphore
@@ -22,9 +24,14 @@ __all__ = [
     "AccessDenied",
     "Backend",
     "BackendUnavailable",
+    "Campaign",
     "Capability",
+    "Election",
     "FencedResource",
+    "Holder",
     "Kind",
+    "Leader",
+    "Leadership",
     "Lease",
     "Lock",
     "LockError",

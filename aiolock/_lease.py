@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ._holder import Holder, decode_holder
 from ._validate import check_ttl
 from .abc import Claim
 from .errors import LockError, LockLost
@@ -50,6 +51,7 @@ class _Hold:
         "renewing",
         "sched",
         "session",
+        "since",
         "task",
         "token",
         "waiters",
@@ -80,6 +82,7 @@ class _Hold:
         self.waiters: list[asyncio.Future[None]] = []
         self.releasing: asyncio.Task[bool] | None = None
         self.sched = math.nan  # when the watchdog's heap next looks at it
+        self.since = time.monotonic()  # granted (about: when the reply came)
 
     @property
     def ttl(self) -> float:
@@ -145,6 +148,13 @@ class Lease:
     def token(self) -> int:
         """The fencing token of this acquisition (reentrant re-entries share it)."""
         return self._hold.token
+
+    @property
+    def holder(self) -> Holder:
+        """This lease's own record, as kept on the server beside the claim (host, pid,
+        task, data; ``since`` counted on this process's clock)."""
+        hold = self._hold
+        return decode_holder(hold.claim.info, time.monotonic() - hold.since)
 
     @property
     def lost(self) -> bool:

@@ -25,17 +25,20 @@ callable is called, and the block raises :class:`LockLost` on exit.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import time
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
+from ._holder import check_data, encode_holder
 from ._lease import Lease, _Hold
 from ._validate import check_on_lost, check_seconds, check_ttl
 from ._waiter import LocalWaiter
-from .abc import Busy, Claim, Granted, Kind
+from .abc import Busy, Capability, Claim, Granted, Kind
 from .errors import BackendUnavailable, LockError, LockLost, LockTimeout
 
 if TYPE_CHECKING:
@@ -50,7 +53,9 @@ class _Default:
 
 
 _DEFAULT: Final = _Default()
-_EXCLUSIVE = (Kind.LOCK, Kind.WRITE)
+_EXCLUSIVE = tuple(kind for kind in Kind if kind.exclusive)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class Lock:
@@ -61,10 +66,14 @@ class Lock:
     releases; :meth:`acquire` gives a :class:`Lease` to release yourself.
     """
 
+    #: what a grant gives back (an election's campaign gives a Leadership)
+    _lease_class: type[Lease] = Lease
+
     def __init__(
         self, locks: Locks, name: str, kind: Kind = Kind.LOCK, *, ttl: float = 30.0,
         timeout: float | None = None, watchdog: bool = True, reentrant: bool = False,
         fair: bool = False, on_lost: str | Callable[[Lease], object] = "cancel", limit: int = 1,
+        data: str = "",
     ) -> None:
         self._locks = locks
         self.name = name
@@ -76,6 +85,7 @@ class Lock:
         self.fair = bool(fair)
         self.on_lost = check_on_lost(on_lost)
         self.limit = limit
+        self.data = check_data(data)
         self._key = (kind.family, name)
         self._guards: dict[asyncio.Task[Any], list[_Guard]] = {}
 
@@ -106,7 +116,8 @@ class Lock:
             if mine is not None:
                 return self._reenter(mine)
         claim = Claim(
-            self.name, self.kind, uuid.uuid4().hex, round(self.ttl * 1000), self.fair, self.limit
+            self.name, self.kind, uuid.uuid4().hex, round(self.ttl * 1000), self.fair, self.limit,
+            encode_holder(self.data, None if task is None else task.get_name()),
         )
         deadline = None if wait is None else time.monotonic() + wait
         local = locks.local(self._key)
@@ -131,6 +142,26 @@ class Lock:
             local.users -= 1
             locks.tidy(self._key)
 
+    async def force_release(self) -> bool:
+        """Revoke every holder of this primitive (for operators): each revoked holder
+        finds its lease ``lost`` at its next renewal (within ``ttl/3``) and its ``async
+        with`` body is cancelled as usual; tokens keep increasing. True if any was held."""
+        self._locks._need(Capability.REVOKE, "force_release()")
+        return await self._locks.backend.force_release(self.name, self.kind)
+
+    def __call__(self, func: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        """Use the lock as a decorator: each call of the async function ``func`` runs
+        inside ``async with lock:``."""
+        if not inspect.iscoroutinefunction(func):
+            raise ValueError(f"a lock decorates async functions, got {func!r}")
+
+        @functools.wraps(func)
+        async def locked_call(*args: P.args, **kwargs: P.kwargs) -> R:
+            async with self:
+                return await func(*args, **kwargs)
+
+        return locked_call
+
     # -- steps ---------------------------------------------------------------------------
 
     def _reenter(self, hold: _Hold) -> Lease:
@@ -143,7 +174,7 @@ class Lock:
         if hold.is_lost():
             raise LockLost(f"lease on {self.name!r} is lost: {hold.lost_reason}")
         hold.count += 1
-        return Lease(hold)
+        return self._lease_class(hold)
 
     async def _attempt(
         self, claim: Claim, deadline: float | None = None, wait: float | None = None
@@ -182,7 +213,7 @@ class Lock:
             task if self.kind is not Kind.PERMIT else None, granted.ttl_ms,
         )
         self._locks.adopt(hold, self._key)
-        lease = Lease(hold)
+        lease = self._lease_class(hold)
         if callable(self.on_lost):
             on_lost = self.on_lost
             ref = weakref.ref(lease)

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ._election import Election
 from ._lease import Lease, _Hold
 from ._lock import Lock
-from ._validate import check_limit, check_name
+from ._validate import MAX_NAME_LENGTH, check_limit, check_name
 from ._watchdog import Watchdog
 from .abc import Backend, Capability, Claim, Kind, LockInfo
 from .errors import BackendUnavailable, LockError
@@ -106,7 +107,7 @@ class Locks:
     def lock(
         self, name: str, *, ttl: float = 30.0, timeout: float | None = None,
         watchdog: bool = True, reentrant: bool = False, fair: bool = False,
-        on_lost: str | Callable[[Lease], object] = "cancel",
+        on_lost: str | Callable[[Lease], object] = "cancel", data: str = "",
     ) -> Lock:
         """A mutex named ``name`` (see the options in the README and SPEC §2).
 
@@ -115,42 +116,66 @@ class Locks:
         :meth:`Lock.acquire` (``None`` forever, ``0`` one try). ``reentrant``: the holding
         task may acquire it again. ``fair``: first come, first served across processes.
         ``on_lost``: ``"cancel"`` the ``async with`` body, ``"raise"`` only at its end, or
-        a callable given the lost lease.
+        a callable given the lost lease. ``data``: a string of yours (<= 1024 chars) kept
+        on the server in each lease's :class:`aiolock.Holder` record.
         """
         return Lock(
             self, self._name(name), Kind.LOCK, ttl=ttl, timeout=timeout, watchdog=watchdog,
-            reentrant=reentrant, fair=self._fair(fair), on_lost=on_lost,
+            reentrant=reentrant, fair=self._fair(fair), on_lost=on_lost, data=data,
         )
 
     def rwlock(
         self, name: str, *, ttl: float = 30.0, timeout: float | None = None,
         watchdog: bool = True, reentrant: bool = False, fair: bool = False,
-        on_lost: str | Callable[[Lease], object] = "cancel",
+        on_lost: str | Callable[[Lease], object] = "cancel", data: str = "",
     ) -> RWLock:
         """A read-write lock: ``rw.read()`` is shared, ``rw.write()`` exclusive; waiting
         writers are not starved by new readers. Options as for :meth:`lock`."""
         self._need(Capability.RWLOCK, "rwlock()")
         opts: dict[str, Any] = dict(
             ttl=ttl, timeout=timeout, watchdog=watchdog, reentrant=reentrant,
-            fair=self._fair(fair), on_lost=on_lost,
+            fair=self._fair(fair), on_lost=on_lost, data=data,
         )
         return RWLock(self, self._name(name), opts)
 
     def semaphore(
         self, name: str, limit: int, *, ttl: float = 30.0, timeout: float | None = None,
         watchdog: bool = True, fair: bool = False,
-        on_lost: str | Callable[[Lease], object] = "cancel",
+        on_lost: str | Callable[[Lease], object] = "cancel", data: str = "",
     ) -> Semaphore:
         """At most ``limit`` holders at once; a dead holder's permit expires with its
         ``ttl``. Options as for :meth:`lock`."""
         self._need(Capability.SEMAPHORE, "semaphore()")
         return Semaphore(
             self, self._name(name), Kind.PERMIT, ttl=ttl, timeout=timeout, watchdog=watchdog,
-            fair=self._fair(fair), on_lost=on_lost, limit=check_limit(limit),
+            fair=self._fair(fair), on_lost=on_lost, limit=check_limit(limit), data=data,
         )
 
+    def election(
+        self, name: str, *, ttl: float = 10.0, watchdog: bool = True,
+        on_lost: str | Callable[[Lease], object] = "cancel",
+    ) -> Election:
+        """A leader election named ``name`` (SPEC §8): ``campaign(data)`` waits to lead,
+        ``leader()`` and ``observe()`` tell who leads. Options as for :meth:`lock`; the
+        leadership is a lease of ``ttl`` seconds, renewed by the watchdog."""
+        self._need(Capability.ELECTION, "election()")
+        return Election(self, self._name(name), ttl=ttl, watchdog=watchdog, on_lost=on_lost)
+
+    async def scan(self, prefix: str = "") -> AsyncIterator[LockInfo]:
+        """Every name starting with ``prefix`` that is held now (locks, read-write locks,
+        semaphores, elections), each as :meth:`status` reports it, with its holders. Needs
+        ``Capability.SCAN``; it never blocks the server (Redis ``SCAN``, not ``KEYS``)."""
+        if not isinstance(prefix, str) or len(prefix) > MAX_NAME_LENGTH:
+            raise ValueError(f"prefix must be a str of at most {MAX_NAME_LENGTH} characters, "
+                             f"got {prefix!r}")
+        self._need(Capability.SCAN, "scan()")
+        self.check_open()
+        async for info in self.backend.scan(prefix):
+            yield info
+
     async def status(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
-        """Who holds ``name`` now: held, holders, current token, seconds left."""
+        """Who holds ``name`` now: held, holders, current token, seconds left, and
+        (``Capability.HOLDERS``) each holder's record in ``held_by``."""
         return await self.backend.inspect(check_name(name), kind)
 
     def _name(self, name: str) -> str:
@@ -381,6 +406,10 @@ class RWLock:
     def write(self) -> Lock:
         """The exclusive side: one writer, no readers."""
         return self._write
+
+    async def force_release(self) -> bool:
+        """Revoke every reader and the writer (see :meth:`aiolock.Lock.force_release`)."""
+        return await self._write.force_release()
 
     def __repr__(self) -> str:
         return f"<RWLock {self.name!r}>"

@@ -24,7 +24,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ._lease import _Hold
-from .abc import Backend
+from .abc import REVOKED, Backend
 
 __all__ = ["MAX_BATCH", "Watchdog"]
 
@@ -157,6 +157,9 @@ class Watchdog:
         for hold, ms in zip(holds, granted, strict=True):
             hold.renewing = False
             if hold.done:
+                continue
+            if ms == REVOKED:
+                hold.mark_lost("revoked by an operator (force_release)")
                 continue
             if ms is None:
                 hold.mark_lost("the server no longer has it (expired or taken over)")

@@ -16,7 +16,18 @@ backend answers one request at a time:
   name to a :class:`Waiter` (pub/sub, watches). A release made through this backend
   object has already woken the next local waiter (the core does that), so the backend
   may skip signalling its own releases to non-fair waiters;
-* :meth:`Backend.inspect` -- who holds it, its token, time left.
+* :meth:`Backend.inspect` -- who holds it, its token, time left, each holder's record;
+* :meth:`Backend.set_info` -- replace a held claim's holder record (an elected leader's
+  ``proclaim``), waking listeners of the name (observers);
+* :meth:`Backend.force_release` -- an operator's revocation of every holder of a name;
+* :meth:`Backend.scan` -- every name held now (``Capability.SCAN``).
+
+Holder records: every claim carries ``info``, an opaque string the core made
+(:mod:`aiolock._holder`); a backend that declares ``Capability.HOLDERS`` stores it beside
+the claim in the same request that grants it, and reports it back in
+:attr:`LockInfo.held_by` (through :func:`aiolock._holder.decode_holder`). A grant of a
+``Kind.LEADER`` claim and a ``set_info`` wake the name's listeners, so that an election's
+observers see a new leader or new data without polling.
 
 Every claim carries an ``owner`` id unique to that acquisition, so every primitive is
 safe to repeat: releasing or abandoning twice, or after the lease expired, does no harm.
@@ -26,11 +37,14 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
+from ._holder import Holder
+
 __all__ = [
+    "REVOKED",
     "Backend",
     "Busy",
     "Capability",
@@ -57,6 +71,15 @@ class Capability(enum.Enum):
     EXPIRY = "expiry"
     #: Several processes (and hosts) share the lock.
     DISTRIBUTED = "distributed"
+    #: Every lease's :class:`aiolock.Holder` record is kept on the server
+    #: (:attr:`LockInfo.held_by`, ``Lease.holder``).
+    HOLDERS = "holders"
+    #: ``locks.scan(prefix)`` lists every name held now.
+    SCAN = "scan"
+    #: ``lock.force_release()``: an operator revokes every holder of a name.
+    REVOKE = "revoke"
+    #: ``locks.election(name)``: campaign, leader, observe, proclaim.
+    ELECTION = "election"
 
 
 class Kind(enum.Enum):
@@ -66,14 +89,28 @@ class Kind(enum.Enum):
     READ = "read"  #: shared side of a read-write lock
     WRITE = "write"  #: exclusive side of a read-write lock
     PERMIT = "permit"  #: one of ``limit`` semaphore permits
+    LEADER = "leader"  #: the leadership of an election (exclusive)
 
     @property
     def family(self) -> str:
         """Claims of one family on one name contend with each other."""
         return _FAMILY[self]
 
+    @property
+    def exclusive(self) -> bool:
+        """One holder at a time (a lock, a writer, a leader)."""
+        return self in _EXCLUSIVE
 
-_FAMILY = {Kind.LOCK: "lock", Kind.READ: "rw", Kind.WRITE: "rw", Kind.PERMIT: "sem"}
+
+_FAMILY = {
+    Kind.LOCK: "lock", Kind.READ: "rw", Kind.WRITE: "rw", Kind.PERMIT: "sem", Kind.LEADER: "elect",
+}
+_EXCLUSIVE = frozenset({Kind.LOCK, Kind.WRITE, Kind.LEADER})
+#: The kind :meth:`Backend.inspect` is asked for to report a whole family.
+FAMILY_KIND = {"lock": Kind.LOCK, "rw": Kind.WRITE, "sem": Kind.PERMIT, "elect": Kind.LEADER}
+
+#: What :meth:`Backend.renew` returns for a claim an operator revoked (``force_release``).
+REVOKED = -1
 
 
 @dataclass(slots=True, eq=False)
@@ -91,6 +128,8 @@ class Claim:
     ttl_ms: int
     fair: bool = False
     limit: int = 1
+    #: the holder record to store beside the claim (see :mod:`aiolock._holder`)
+    info: str = ""
     #: backend-private state (e.g. a ZooKeeper node path); the core never reads it
     state: dict[str, object] = field(default_factory=dict)
 
@@ -126,6 +165,11 @@ class LockInfo:
     last_token: int | None = None  #: the highest token ever given for this name
     ttl_left: float | None = None  #: seconds until the current lease expires
     waiters: int = 0
+    #: every current holder (one for a lock, many for readers or permits); empty when
+    #: free, or where the backend does not keep holder records
+    held_by: tuple[Holder, ...] = ()
+    #: the primitive: ``"lock"``, ``"rw"`` (read-write lock), ``"sem"`` or ``"elect"``
+    family: str = "lock"
 
 
 class Waiter(Protocol):
@@ -163,7 +207,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
-        """Extend each claim by its ``ttl_ms``; per claim, the ms granted or None if gone."""
+        """Extend each claim by its ``ttl_ms``; per claim, the ms granted, None if gone,
+        or :data:`REVOKED` if an operator revoked it (where the backend can tell)."""
 
     def renewal_group(self, claim: Claim) -> object:
         """The watchdog renews claims of one group in one batch (default: one group).
@@ -192,6 +237,21 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
         """Report who holds ``name`` now."""
+
+    async def set_info(self, claim: Claim) -> bool:
+        """Store ``claim.info`` as the record of the held ``claim`` and wake the name's
+        listeners; False if it is no longer held. (``Capability.ELECTION``)"""
+        raise NotImplementedError(f"{type(self).__name__} does not keep holder records")
+
+    async def force_release(self, name: str, kind: Kind = Kind.LOCK) -> bool:
+        """Revoke every holder of ``name`` in ``kind``'s family (tokens keep increasing,
+        waiters are woken); True if any was held. (``Capability.REVOKE``)"""
+        raise NotImplementedError(f"{type(self).__name__} cannot revoke holders")
+
+    def scan(self, prefix: str = "") -> AsyncIterator[LockInfo]:
+        """Every name starting with ``prefix`` held now, any family, each as
+        :meth:`inspect` reports it; never blocks the server. (``Capability.SCAN``)"""
+        raise NotImplementedError(f"{type(self).__name__} cannot list held names")
 
     @abc.abstractmethod
     async def aclose(self) -> None:

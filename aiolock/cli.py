@@ -1,4 +1,4 @@
-"""The ``aiolock`` command: ``run``, ``status`` and ``demo``.
+"""The ``aiolock`` command: ``run``, ``elect``, ``status``, ``ls``, ``revoke`` and ``demo``.
 
 ``aiolock run [--url URL] [--ttl S] [--timeout S] NAME -- COMMAND...`` holds the lock
 while COMMAND runs and exits with its status; the child gets ``AIOLOCK_TOKEN``. Exit
@@ -8,6 +8,10 @@ child is stopped first), 69 (EX_UNAVAILABLE) if the server cannot be reached, 77
 aiolock error, 2 for usage errors (a bad URL or option). Errors are one line on stderr,
 never a traceback. Once COMMAND ran, ``run`` exits with COMMAND's status even if the
 release then fails (it says so on stderr): a retry wrapper must not run it twice.
+``aiolock elect [--url URL] [--ttl S] [--timeout S] [--data D] NAME -- COMMAND...`` runs
+COMMAND while this process leads the election NAME, with the exit codes of ``run``.
+``aiolock ls [--json] [PREFIX]`` lists held names; ``aiolock revoke NAME`` force-releases
+every holder of NAME (exit 0 if something was held, 1 if nothing was).
 ``--url`` defaults to ``$AIOLOCK_URL``.
 """
 
@@ -21,6 +25,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from ._cli_ops import list_held, revoke
 from ._connect import connect
 from ._lease import Lease
 from .errors import AccessDenied, BackendUnavailable, LockError, LockTimeout
@@ -54,6 +59,21 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show who holds a lock")
     status.add_argument("--url", help=url_help)
     status.add_argument("name", help="lock name")
+    elect = sub.add_parser("elect", help="run a command while this process leads an election")
+    elect.add_argument("--url", help=url_help)
+    elect.add_argument("--ttl", type=float, default=10.0, help="leadership lease, seconds (10)")
+    elect.add_argument("--timeout", type=float, default=None,
+                       help="seconds to wait for the leadership (default: forever)")
+    elect.add_argument("--data", default="", help="the leader's data (e.g. host:port)")
+    elect.add_argument("name", help="election name")
+    elect.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    ls = sub.add_parser("ls", help="list held names with holders, tokens, time left")
+    ls.add_argument("--url", help=url_help)
+    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    ls.add_argument("prefix", nargs="?", default="", help="only names starting with this")
+    revoke = sub.add_parser("revoke", help="force-release every holder of a name")
+    revoke.add_argument("--url", help=url_help)
+    revoke.add_argument("name", help="lock (or rwlock, semaphore, election) name")
     demo = sub.add_parser("demo", help="watch workers contend, crash and get fenced")
     demo.add_argument("--url", help="lock server URL (default: the embedded memory://)")
     return parser
@@ -74,9 +94,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(e.g. redis://localhost:6379/0)")
         if args.command == "status":
             return asyncio.run(_status(url, args.name))
+        if args.command == "ls":
+            return asyncio.run(list_held(url, args.prefix, as_json=args.json))
+        if args.command == "revoke":
+            return asyncio.run(revoke(url, args.name))
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         if not cmd:
-            parser.error("run: give the command after '--', e.g. aiolock run NAME -- make deploy")
+            parser.error(f"{args.command}: give the command after '--', e.g. "
+                         f"aiolock {args.command} NAME -- make deploy")
+        if args.command == "elect":
+            return asyncio.run(_run(url, args.name, args.ttl, args.timeout, cmd, data=args.data,
+                                    elect=True))
         return asyncio.run(_run(url, args.name, args.ttl, args.timeout, cmd))
     except ValueError as exc:
         print(f"aiolock: {exc}", file=sys.stderr)
@@ -103,15 +131,25 @@ async def _status(url: str, name: str) -> int:
     if info.held:
         left = f"{info.ttl_left:.1f}s" if info.ttl_left is not None else "unknown"
         print(f"{name}: held, token {info.token}, time left {left}")
+        for h in info.held_by:
+            since = "" if h.since is None else f", for {h.since:.1f}s"
+            task = f" task {h.task}" if h.task else ""
+            data = f" data {h.data!r}" if h.data else ""
+            print(f"  holder {h.host} pid {h.pid}{task}{data}{since}")
     else:
         print(f"{name}: free (last token {info.last_token if info.last_token is not None else '-'})")
     return 0
 
 
-async def _run(url: str, name: str, ttl: float, timeout: float | None, cmd: list[str]) -> int:
+async def _run(
+    url: str, name: str, ttl: float, timeout: float | None, cmd: list[str], *, data: str = "",
+    elect: bool = False,
+) -> int:
     async with connect(url) as locks:
+        lock = (locks.election(name, ttl=ttl, on_lost="raise").campaign(data=data) if elect
+                else locks.lock(name, ttl=ttl, on_lost="raise", data=data))
         try:
-            lease = await locks.lock(name, ttl=ttl, on_lost="raise").acquire(timeout=timeout)
+            lease = await lock.acquire(timeout=timeout)
         except LockTimeout:
             print(f"aiolock: {name!r} was not acquired within {timeout}s", file=sys.stderr)
             return EXIT_NOT_ACQUIRED

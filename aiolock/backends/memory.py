@@ -4,20 +4,26 @@ Every :func:`aiolock.connect` to the same ``memory://name`` in one process share
 store, so separate connections behave like separate clients of one server: leases
 expire on the monotonic clock unless renewed, tokens come from a per-name counter that
 never resets, and releases wake waiters directly. It offers every primitive (mutex,
-fair, read-write, semaphore); it is not shared between processes.
+fair, read-write, semaphore, election), holder records, listing and revocation; it is
+not shared between processes.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 from urllib.parse import urlsplit
 
-from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
+from .._holder import decode_holder
+from ..abc import FAMILY_KIND, REVOKED, Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
 
 __all__ = ["MemoryBackend"]
+
+
+#: How long a revoked claim's renewal still answers "revoked" (s), at least its ttl.
+REVOKED_KEEP = 60.0
 
 
 @dataclass(slots=True)
@@ -25,6 +31,8 @@ class _Holder:
     kind: Kind
     token: int
     expires_at: float
+    info: str = ""
+    since: float = 0.0  # when it was granted (monotonic)
 
 
 @dataclass(slots=True)
@@ -35,12 +43,16 @@ class _Resource:
     #: waiters that keep a place: fair claims, and writers (who block new readers)
     queue: dict[str, tuple[float, Kind]] = field(default_factory=dict)
     listeners: set[Waiter] = field(default_factory=set)
+    #: owners revoked by force_release -> until when their renewal says so
+    revoked: dict[str, float] = field(default_factory=dict)
 
     def prune(self, now: float) -> None:
         for owner in [o for o, h in self.holders.items() if h.expires_at <= now]:
             del self.holders[owner]
         for owner in [o for o, (dl, _) in self.queue.items() if dl <= now]:
             del self.queue[owner]
+        for owner in [o for o, until in self.revoked.items() if until <= now]:
+            del self.revoked[owner]
 
     def wake(self) -> None:
         hint = next(iter(self.queue), None)
@@ -61,7 +73,7 @@ class _Store:
 
     def tidy(self, key: tuple[str, str]) -> None:
         res = self.resources.get(key)
-        if res is not None and not (res.holders or res.queue or res.listeners):
+        if res is not None and not (res.holders or res.queue or res.listeners or res.revoked):
             del self.resources[key]
 
 
@@ -78,7 +90,8 @@ class MemoryBackend(Backend):
     schemes: ClassVar[tuple[str, ...]] = ("memory",)
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
-         Capability.EXPIRY}
+         Capability.EXPIRY, Capability.HOLDERS, Capability.SCAN, Capability.REVOKE,
+         Capability.ELECTION}
     )
 
     def __init__(self, name: str = "") -> None:
@@ -109,7 +122,11 @@ class MemoryBackend(Backend):
             res.queue.pop(claim.owner, None)
             token = self._store.tokens.get(key, 0) + 1
             self._store.tokens[key] = token
-            res.holders[claim.owner] = _Holder(claim.kind, token, now + claim.ttl_ms / 1000)
+            res.holders[claim.owner] = _Holder(
+                claim.kind, token, now + claim.ttl_ms / 1000, claim.info, now
+            )
+            if claim.kind is Kind.LEADER:
+                res.wake()  # observers: a new leader
             return Granted(token, claim.ttl_ms)
         if claim.fair or claim.kind is Kind.WRITE:
             deadline = now + claim.ttl_ms / 1000
@@ -128,7 +145,7 @@ class MemoryBackend(Backend):
                 return min(deadline - now, refresh)  # someone is ahead of us
         holders = res.holders.values()
         kind = claim.kind
-        if kind in (Kind.LOCK, Kind.WRITE):
+        if kind.exclusive:
             conflict = list(holders)
         elif kind is Kind.READ:
             conflict = [h for h in holders if h.kind is Kind.WRITE]
@@ -148,7 +165,9 @@ class MemoryBackend(Backend):
         for claim in claims:
             res = self._store.resources.get(_key(claim))
             holder = res.holders.get(claim.owner) if res is not None else None
-            if holder is None or holder.expires_at <= now:
+            if res is not None and claim.owner in res.revoked:
+                out.append(REVOKED)
+            elif holder is None or holder.expires_at <= now:
                 out.append(None)
             else:
                 holder.expires_at = now + claim.ttl_ms / 1000
@@ -190,22 +209,60 @@ class MemoryBackend(Backend):
             self._store.tidy(key)
 
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
-        key = (kind.family, name)
+        family = kind.family
+        key = (family, name)
         now = time.monotonic()
         res = self._store.resources.get(key)
         last = self._store.tokens.get(key)
         if res is None:
-            return LockInfo(name, False, last_token=last)
+            return LockInfo(name, False, last_token=last, family=family)
         res.prune(now)
-        holders = list(res.holders.values())
+        holders = sorted(res.holders.values(), key=lambda h: h.token)
         if not holders:
-            return LockInfo(name, False, last_token=last, waiters=len(res.queue))
-        exclusive = [h for h in holders if h.kind in (Kind.LOCK, Kind.WRITE)]
+            return LockInfo(name, False, last_token=last, waiters=len(res.queue), family=family)
+        exclusive = [h for h in holders if h.kind.exclusive]
         return LockInfo(
             name, True, holders=len(holders),
             token=exclusive[0].token if exclusive else None, last_token=last,
             ttl_left=max(h.expires_at for h in holders) - now, waiters=len(res.queue),
+            held_by=tuple(decode_holder(h.info, now - h.since) for h in holders), family=family,
         )
+
+    async def set_info(self, claim: Claim) -> bool:
+        res = self._store.resources.get(_key(claim))
+        holder = res.holders.get(claim.owner) if res is not None else None
+        if res is None or holder is None or holder.expires_at <= time.monotonic():
+            return False
+        holder.info = claim.info
+        res.wake()
+        return True
+
+    async def force_release(self, name: str, kind: Kind = Kind.LOCK) -> bool:
+        key = (kind.family, name)
+        res = self._store.resources.get(key)
+        if res is None:
+            return False
+        now = time.monotonic()
+        res.prune(now)
+        revoked = list(res.holders.items())
+        for owner, holder in revoked:
+            keep = max(REVOKED_KEEP, holder.expires_at - holder.since)
+            res.revoked[owner] = now + keep
+        res.holders.clear()
+        if revoked:
+            res.wake()
+        self._store.tidy(key)
+        return bool(revoked)
+
+    async def scan(self, prefix: str = "") -> AsyncIterator[LockInfo]:
+        now = time.monotonic()
+        for family, name in sorted(self._store.resources):
+            res = self._store.resources.get((family, name))
+            if res is None or not name.startswith(prefix):
+                continue
+            res.prune(now)
+            if res.holders:
+                yield await self.inspect(name, FAMILY_KIND[family])
 
     async def aclose(self) -> None:
         return None

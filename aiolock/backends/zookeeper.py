@@ -122,7 +122,9 @@ UNATTENDED = 0.5
 #: is answered from that confirmation (no request).
 RENEW_FRESH = 0.9
 _SEQ_DIGITS = 10
-_KIND_PREFIX = {Kind.LOCK: "lock", Kind.READ: "read", Kind.WRITE: "write", Kind.PERMIT: "permit"}
+_KIND_PREFIX = {
+    Kind.LOCK: "lock", Kind.READ: "read", Kind.WRITE: "write", Kind.PERMIT: "permit", Kind.LEADER: "leader",
+}
 _PREFIX_KIND = {v: k for k, v in _KIND_PREFIX.items()}
 _FAMILY_PREFIXES = {
     family: tuple(f"{_KIND_PREFIX[k]}-" for k in Kind if k.family == family)

@@ -1,0 +1,74 @@
+"""Who holds a lease: the record every lease leaves on the server beside its claim.
+
+The core encodes it once per acquisition (:func:`encode_holder`: host, pid, task name
+and the user's ``data``, as compact JSON) into :attr:`aiolock.abc.Claim.info`; a
+backend stores that string verbatim next to the claim and gives it back, with how long
+the claim has been held, through :func:`decode_holder`. Backends never parse it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+
+__all__ = ["MAX_DATA_LENGTH", "Holder", "check_data", "decode_holder", "encode_holder"]
+
+#: The longest user ``data`` string a lease may carry.
+MAX_DATA_LENGTH = 1024
+
+_HOST = socket.gethostname()
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """One holder of a lock, read lock, permit or leadership, as recorded on the server.
+
+    ``host`` (``socket.gethostname()`` of the holding process), ``pid``, ``task`` (the
+    name of the task that acquired it, or None), ``data`` (the user's string, ``""`` by
+    default), ``since`` (seconds it has been held, from the server's view where the
+    backend has one; None where unknown).
+    """
+
+    host: str
+    pid: int
+    task: str | None
+    data: str
+    since: float | None = None
+
+
+def check_data(data: object) -> str:
+    """A holder's ``data``: a str of at most :data:`MAX_DATA_LENGTH` characters, UTF-8."""
+    if not isinstance(data, str):
+        raise ValueError(
+            f"data must be a str of at most {MAX_DATA_LENGTH} characters, got {type(data).__name__}"
+        )
+    if len(data) > MAX_DATA_LENGTH:
+        raise ValueError(f"data must be at most {MAX_DATA_LENGTH} characters long, got {len(data)}")
+    try:
+        data.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"data must be encodable as UTF-8 (no lone surrogates), got {data!r}") from None
+    return data
+
+
+def encode_holder(data: str, task: str | None) -> str:
+    """The record of a holder in this process (what backends store as ``Claim.info``)."""
+    return json.dumps({"h": _HOST, "p": os.getpid(), "t": task, "d": data},
+                      separators=(",", ":"), ensure_ascii=False)
+
+
+def decode_holder(info: str | bytes | None, since: float | None = None) -> Holder:
+    """A stored record back as a :class:`Holder`; a missing or foreign record (a claim
+    made by an older aiolock, or by hand) reads as an unknown holder."""
+    try:
+        raw = json.loads(info) if info else {}
+        if not isinstance(raw, dict):
+            raise TypeError
+        task = raw.get("t")
+        return Holder(str(raw.get("h", "")), int(raw.get("p", 0)),
+                      None if task is None else str(task), str(raw.get("d", "")),
+                      None if since is None else max(0.0, since))
+    except (TypeError, ValueError):
+        return Holder("", 0, None, "", None if since is None else max(0.0, since))
