@@ -8,6 +8,8 @@ import asyncio
 import time
 import uuid
 
+import pytest
+
 import aiolock
 
 from ..servers import RedisServer
@@ -15,6 +17,7 @@ from ..servers import RedisServer
 N = 50_000
 
 
+@pytest.mark.slow
 async def test_burst_of_50000_acquires(redis_server: RedisServer) -> None:
     base = uuid.uuid4().hex
     errors: list[BaseException] = []

@@ -125,7 +125,7 @@ async def test_subscription_refused_surfaces_to_waiter(acl_redis: PasswordRedis)
         url = f"redis://nochannels:{SECRET}@127.0.0.1:{acl_redis.port}/0"
         async with aiolock.connect(url, connect_timeout=2, request_timeout=2) as locks:
             with pytest.raises(aiolock.AccessDenied):
-                async with asyncio.timeout(8):
+                async with asyncio.timeout(5):
                     await locks.lock(name, ttl=20).acquire()
         await holder.release()
 
@@ -257,3 +257,21 @@ def test_cli_status_acl_user_without_permissions(acl_redis: PasswordRedis) -> No
     line = _one_line(done)
     assert done.returncode == 77, (done.returncode, line)
     _no_secret(line)
+
+
+async def test_postgres_unknown_role_denied(request: pytest.FixtureRequest) -> None:
+    pg = request.getfixturevalue("postgres_server")
+    url = f"postgresql://nobody-{uuid.uuid4().hex[:6]}:{SECRET}@127.0.0.1:{pg.port}/{pg.database}"
+    exc = await _denied(url)
+    _no_secret(_chain(exc))
+
+
+async def test_postgres_unknown_database(request: pytest.FixtureRequest) -> None:
+    pg = request.getfixturevalue("postgres_server")
+    url = f"postgresql://{pg.user}:{SECRET}@127.0.0.1:{pg.port}/nodb_{uuid.uuid4().hex[:6]}"
+    async with asyncio.timeout(15):
+        with pytest.raises(aiolock.LockError) as info:
+            async with aiolock.connect(url, connect_timeout=3) as locks:
+                await locks.lock("x").acquire(timeout=0)
+    _no_secret(_chain(info.value))
+    assert "nodb_" in str(info.value), str(info.value)
