@@ -48,6 +48,9 @@ def _primitive(locks: aiolock.Locks, kind: str, name: str) -> Any:
         return locks.rwlock(name, ttl=5).write()
     if kind == "read":
         return locks.rwlock(name, ttl=5).read()
+    if kind == "mixed":  # a writer or a reader at random
+        rw = locks.rwlock(name, ttl=5)
+        return rw.write() if random.random() < 0.5 else rw.read()
     return locks.semaphore(name, limit=1, ttl=5)
 
 
@@ -66,7 +69,7 @@ async def _release_after(lease: aiolock.Lease, delay: float) -> None:
     await lease.release()
 
 
-@pytest.mark.parametrize("kind", ["lock", "fair", "write", "semaphore"])
+@pytest.mark.parametrize("kind", ["lock", "fair", "write", "mixed", "semaphore"])
 async def test_random_cancellation_never_leaks(pair: tuple[aiolock.Locks, aiolock.Locks],
                                                kind: str, url: str) -> None:
     a, b = pair
@@ -108,8 +111,8 @@ async def test_random_cancellation_never_leaks(pair: tuple[aiolock.Locks, aioloc
         if holder is not None:
             await holder.release()
         if i % 10 == 9:
-            await _free_now(a, kind, name)
-    await _free_now(a, kind, name)
+            await _free_now(a, "write" if kind == "mixed" else kind, name)
+    await _free_now(a, "write" if kind == "mixed" else kind, name)
     info = await a.status(name)
     assert not info.held and info.waiters == 0, f"seed {SEED}: {info}"
 

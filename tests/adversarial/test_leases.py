@@ -8,13 +8,25 @@ import asyncio
 import gc
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 import aiolock
 
+from ..servers import RedisServer
 from ..zk_server import ZooKeeperServer
+
+_OWN: dict[str, RedisServer] = {}
+
+
+@pytest.fixture
+def own_redis_url() -> Iterator[str]:
+    server = RedisServer().start()
+    _OWN[server.url] = server
+    yield server.url
+    del _OWN[server.url]
+    server.close()
 
 
 @pytest.fixture(params=["redis", "zookeeper"])
@@ -147,3 +159,57 @@ async def test_writer_not_starved(pair: tuple[aiolock.Locks, aiolock.Locks]) -> 
         stop.set()
         await asyncio.gather(*readers)
     assert took < 1.0, f"writer waited {took:.2f}s behind a stream of readers"
+
+
+async def test_shared_lock_object_local_fifo(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    """One Lock object shared by many tasks: mutual exclusion, and local waiters are
+    served in arrival order (README: waiters for one lock queue locally, FIFO)."""
+    a, _ = pair
+    lock = a.lock(f"q-{uuid.uuid4().hex}", ttl=5)
+    order: list[int] = []
+    inside = 0
+
+    async def task(i: int) -> None:
+        nonlocal inside
+        async with lock:
+            inside += 1
+            try:
+                assert inside == 1
+                order.append(i)
+                await asyncio.sleep(0.01)
+            finally:
+                inside -= 1
+
+    first = await lock.acquire()
+    tasks = []
+    for i in range(15):
+        tasks.append(asyncio.create_task(task(i)))
+        await asyncio.sleep(0.01)  # arrival order is well defined
+    await first.release()
+    async with asyncio.timeout(20):
+        await asyncio.gather(*tasks)
+    assert order == list(range(15)), order
+
+
+async def test_lease_lost_after_server_restart(own_redis_url: str) -> None:
+    """The server restarts without persistence: the held lease vanished and is reported
+    lost at the next renewal (within ttl/3); a waiter either gets the lock soon or fails
+    with BackendUnavailable (then a retry gets it at once)."""
+    server = _OWN[own_redis_url]
+    async with aiolock.connect(own_redis_url, connect_timeout=1, request_timeout=1) as a, \
+            aiolock.connect(own_redis_url, connect_timeout=1, request_timeout=1) as b:
+        held = await a.lock("x", ttl=3).acquire()
+        waiter = asyncio.create_task(b.lock("x", ttl=3).acquire())
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(server.restart, down_for=0.3)
+        t0 = time.monotonic()
+        async with asyncio.timeout(10):
+            await held.wait_lost()
+        assert held.lost
+        assert time.monotonic() - t0 < 3 / 3 + 1 + 0.5, "lost later than the next renewal"
+        try:
+            async with asyncio.timeout(5):
+                lease = await waiter
+        except aiolock.BackendUnavailable:
+            lease = await b.lock("x", ttl=3).acquire(timeout=1)
+        await lease.release()
