@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from typing import Any
 from urllib.parse import urlsplit
@@ -50,8 +51,25 @@ def backend_from_url(url: str, **options: Any) -> Backend:
             f"install it with: pip install 'aiolock[{extra}]'"
         ) from exc
     backend_class = getattr(module, class_name)
+    _check_options(backend_class.from_url, scheme, options)
     backend: Backend = backend_class.from_url(url, **options)
     return backend
+
+
+def _check_options(from_url: Any, scheme: str, options: dict[str, Any]) -> None:
+    """Refuse keyword options ``from_url`` does not take, naming the accepted ones (a
+    backend whose ``from_url`` takes ``**options`` checks them itself)."""
+    params = inspect.signature(from_url).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    accepted = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+                and p.name != "url"]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {', '.join(unknown)} for {scheme}://; accepted: "
+            + (", ".join(accepted) or "none")
+        )
 
 
 def connect(target: str | Backend | Any, **options: Any) -> Locks:

@@ -212,3 +212,25 @@ def test_missing_client_library_names_the_extra(url: str, module: str, extra: st
             "except ImportError as exc:\n    print(exc)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert f"pip install 'aiolock[{extra}]'" in out.stdout, out.stdout + out.stderr
+
+
+# -- item 2, every scheme: an unknown option is refused at connect(), naming the accepted
+
+
+@pytest.mark.parametrize("url", ["memory://", "zookeeper://127.0.0.1:1",
+                                 "postgresql://u:secret@127.0.0.1:1/db", "memcached://127.0.0.1:1"])
+def test_misspelled_keyword_option_is_refused(url: str) -> None:
+    with pytest.raises(ValueError, match="conect_timeout") as info:
+        aiolock.connect(url, conect_timeout=1)
+    assert "secret" not in str(info.value)
+    if not url.startswith("memory"):
+        assert "connect_timeout" in str(info.value).replace("conect_timeout", "")
+
+
+@pytest.mark.parametrize("url", ["memory://?conect_timeout=1",
+                                 "postgresql://u:secret@127.0.0.1:1/db?conect_timeout=1",
+                                 "postgresql://u:secret@127.0.0.1:1/db?max_conections=3"])
+def test_misspelled_query_option_is_refused(url: str) -> None:
+    with pytest.raises(ValueError) as info:
+        aiolock.connect(url)
+    assert "secret" not in str(info.value)

@@ -103,6 +103,9 @@ class MemoryBackend(Backend):
         if options:
             raise ValueError(f"memory:// takes no options, got {sorted(options)}")
         parts = urlsplit(url)
+        if parts.query or parts.fragment:
+            raise ValueError(f"memory:// takes no options or query, got {url!r}; "
+                             "expected memory:// or memory://name")
         return cls((parts.netloc + parts.path).strip("/"))
 
     @property

@@ -61,8 +61,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import hashlib
 import importlib
+import inspect
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
@@ -211,6 +213,31 @@ def advisory_key(family: str, name: str, slot: int | None = None) -> int:
 def _asyncpg() -> Any:
     """``asyncpg``, imported with this module (it has no type information)."""
     return _ASYNCPG
+
+
+def _check_keywords(names: set[str], ours: set[str]) -> None:
+    """Keyword options that are neither ours nor ``asyncpg.connect``'s are refused."""
+    theirs = {n for n in inspect.signature(_asyncpg().connect).parameters
+              if n not in ("dsn", "timeout", "connection_class", "record_class", "loop")}
+    unknown = sorted(names - theirs)
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {', '.join(unknown)} for postgresql://; accepted: "
+            f"{', '.join(sorted(ours))}, and asyncpg.connect()'s: {', '.join(sorted(theirs))}"
+        )
+
+
+def _check_query(url: str, names: list[str], ours: set[str]) -> None:
+    """Query parameters that are not ours go to asyncpg (libpq keywords such as
+    ``sslmode``; anything else becomes a server setting, checked by the server at
+    connect). One that looks like a misspelling of ours is refused now."""
+    for name in names:
+        close = difflib.get_close_matches(name, sorted(ours), n=1, cutoff=0.75)
+        if close:
+            raise ValueError(
+                f"unknown option {name!r} in {_safe_url(url)!r}: did you mean {close[0]!r}? "
+                f"aiolock's options: {', '.join(sorted(ours))}"
+            )
 
 
 def _is_denied(exc: BaseException) -> bool:
@@ -389,6 +416,8 @@ class PostgresBackend(Backend):
         ours = {"mode", "connect_timeout", "request_timeout", "max_connections", "pool_timeout",
                 "poll_interval"}
         query = parse_qsl(parts.query, keep_blank_values=True)
+        _check_query(url, [k for k, _ in query if k not in ours], ours)
+        _check_keywords(set(options) - ours, ours)
         opts: dict[str, Any] = {k: v for k, v in query if k in ours}
         opts.update(options)
         rest = [(k, v) for k, v in query if k not in ours]
