@@ -77,6 +77,13 @@ async def test_right_password_works(password_redis: PasswordRedis, how: str) -> 
         "keyword": (password_redis.url, {"password": SECRET}),
         "query": (f"{password_redis.url}?password={SECRET}", {}),
     }[how]
+    if how != "url":  # SPEC §1: honoured, or refused with a ValueError naming it
+        try:
+            aiolock.connect(url, **opts)
+        except ValueError as exc:
+            assert "password" in str(exc)
+            _no_secret(str(exc))
+            return
     async with aiolock.connect(url, **opts) as locks:
         name = f"c-{uuid.uuid4().hex}"
         lease = await locks.lock(name, ttl=5).acquire()
@@ -128,6 +135,22 @@ async def test_subscription_refused_surfaces_to_waiter(acl_redis: PasswordRedis)
                 async with asyncio.timeout(5):
                     await locks.lock(name, ttl=20).acquire()
         await holder.release()
+
+
+@pytest.mark.parametrize("url", [f"redis://user:{SECRET}@127.0.0.1:1/0",
+                                 f"redis://:{SECRET}@127.0.0.1:1/0?db=1",
+                                 f"redis://127.0.0.1:1/0?password={SECRET}",
+                                 f"redlock://:{SECRET}@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+                                 f"postgresql://u:{SECRET}@127.0.0.1:1/db",
+                                 f"redis+sentinel://:{SECRET}@127.0.0.1:1/m"])
+async def test_locks_url_hides_password(url: str) -> None:
+    """README: no password appears in an error, a log line or ``locks.url``."""
+    locks = aiolock.connect(url, connect_timeout=1)
+    try:
+        _no_secret(str(locks.url))
+        _no_secret(repr(locks))
+    finally:
+        await locks.aclose()
 
 
 async def test_lazy_connection_denied_on_first_use(password_redis: PasswordRedis) -> None:
@@ -216,16 +239,19 @@ def test_cli_unreachable_one_line() -> None:
     _no_secret(line)
 
 
-def test_cli_bad_url_one_line() -> None:
-    done = _cli("status", "--url", "redis+bogus://127.0.0.1:1/0", "x")
-    _one_line(done)
-    assert done.returncode not in (0, 1), done.returncode
+@pytest.mark.parametrize("url", ["redis+bogus://127.0.0.1:1/0", f"redis://u:{SECRET}@h:x/0",
+                                 "redis://127.0.0.1:1/0?conect_timeout=1"])
+def test_cli_bad_url_one_line(url: str) -> None:
+    done = _cli("status", "--url", url, "x")
+    line = _one_line(done)
+    assert done.returncode == 2, (done.returncode, line)  # README: 2 = usage
+    _no_secret(line)
 
 
 def test_cli_bad_name_one_line() -> None:
     done = _cli("status", "--url", "memory://", "x" * 513)
     _one_line(done)
-    assert done.returncode not in (0, 1), done.returncode
+    assert done.returncode == 2, done.returncode
 
 
 @pytest.fixture(scope="module")
@@ -241,6 +267,12 @@ async def test_redlock_with_password(password_trio: list[PasswordRedis], how: st
     hosts = ",".join(f"127.0.0.1:{s.port}" for s in password_trio)
     url, opts = ((f"redlock://:{SECRET}@{hosts}", {}) if how == "url"
                  else (f"redlock://{hosts}", {"password": SECRET}))
+    if opts:  # SPEC §1: honoured, or refused with a ValueError naming it
+        try:
+            aiolock.connect(url, **opts)
+        except ValueError as exc:
+            assert "password" in str(exc)
+            return
     async with asyncio.timeout(20), aiolock.connect(url, connect_timeout=2,
                                                     request_timeout=2, **opts) as locks:
         lease = await locks.lock(f"c-{uuid.uuid4().hex}", ttl=5).acquire(timeout=2)

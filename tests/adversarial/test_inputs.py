@@ -74,6 +74,18 @@ async def test_max_ttl_is_one_documented_value(locks: aiolock.Locks) -> None:
     await lease.release()
 
 
+async def test_documented_ttl_range(locks: aiolock.Locks) -> None:
+    """README: ttl from 0.001 to 2,000,000 seconds, the one maximum of every backend."""
+    for bad in (0.0009, 2_000_000.5, 2_000_001):
+        with pytest.raises(ValueError, match="ttl"):
+            locks.lock("x", ttl=bad)
+    lease = await locks.lock(f"n-{uuid.uuid4().hex}", ttl=2_000_000).acquire(timeout=0)
+    await lease.release()
+    lease = await locks.lock(f"n-{uuid.uuid4().hex}", ttl=0.001, watchdog=False).acquire(
+        timeout=0)
+    await lease.release()
+
+
 @pytest.mark.parametrize("timeout", [-1, float("nan"), float("-inf"), "1"])
 async def test_bad_timeout(locks: aiolock.Locks, timeout: Any) -> None:
     name = f"n-{uuid.uuid4().hex}"
