@@ -213,3 +213,41 @@ async def test_lease_lost_after_server_restart(own_redis_url: str) -> None:
         except aiolock.BackendUnavailable:
             lease = await b.lock("x", ttl=3).acquire(timeout=1)
         await lease.release()
+
+
+async def test_on_lost_callback_that_raises(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    """A user's on_lost callback that raises must not stop the watchdog of the others."""
+    a, b = pair
+    name = f"cb-{uuid.uuid4().hex}"
+    calls = 0
+
+    def boom(lease: aiolock.Lease) -> None:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("user bug")
+
+    keeper = await a.lock(name + "k", ttl=0.9).acquire()
+    with pytest.raises(aiolock.LockLost):
+        async with a.lock(name, ttl=0.5, watchdog=False, on_lost=boom):
+            await asyncio.sleep(0.8)
+    assert calls == 1
+    await asyncio.sleep(1.5)  # more than the keeper's ttl: only renewals keep it
+    assert not keeper.lost
+    with pytest.raises(aiolock.LockTimeout):
+        await b.lock(name + "k", ttl=0.9).acquire(timeout=0)
+    await keeper.release()
+
+
+async def test_many_leases_renewed(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, b = pair
+    n = 1500 if a.url.startswith("redis") else 300
+    base = uuid.uuid4().hex
+    async with asyncio.timeout(60):
+        leases = await asyncio.gather(*(a.lock(f"{base}:{i}", ttl=1.2).acquire()
+                                        for i in range(n)))
+        await asyncio.sleep(2.5)  # two ttls
+        lost = sum(lease.lost for lease in leases)
+        assert lost == 0, f"{lost} of {n} leases lost while held"
+        with pytest.raises(aiolock.LockTimeout):
+            await b.lock(f"{base}:{n - 1}", ttl=1.2).acquire(timeout=0)
+        await asyncio.gather(*(lease.release() for lease in leases))
