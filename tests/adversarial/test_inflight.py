@@ -32,7 +32,7 @@ async def test_cancel_acquire_in_flight_to_frozen_redis(own_redis: RedisServer,
 
     def prim(locks: aiolock.Locks) -> aiolock.Lock:
         if kind == "write":
-            return locks.rwlock(name, ttl=20).write()  # type: ignore[return-value]
+            return locks.rwlock(name, ttl=20).write()
         return locks.lock(name, ttl=20, fair=kind == "fair")
 
     async with aiolock.connect(own_redis.url, **opts) as a, \
