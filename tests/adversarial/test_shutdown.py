@@ -5,12 +5,14 @@ replies that mean "not now" (READONLY, MASTERDOWN) are BackendUnavailable (#12).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
+import redis as sync_redis
 
 import aiolock
 
@@ -235,3 +237,39 @@ async def test_aclose_bounded_on_dead_zookeeper() -> None:
         assert lease is not None
     finally:
         zk.close()
+
+
+async def test_busy_script_is_backend_unavailable() -> None:
+    """Another client runs a long script: Redis answers BUSY to everyone else. That is
+    'cannot serve now' (BackendUnavailable, retryable), not a LockError."""
+    server = PasswordRedis(extra=["--lua-time-limit", "50"]).start()
+    stop = threading.Event()
+
+    def spin() -> None:
+        client = sync_redis.Redis(port=server.port)
+        try:
+            client.eval("local i = 0 while true do i = i + 1 end", 0)
+        except Exception:
+            pass
+        finally:
+            client.close()
+            stop.set()
+
+    try:
+        async with aiolock.connect(server.url, connect_timeout=1, request_timeout=1) as locks:
+            await (await locks.lock("warm").acquire()).release()
+            thread = threading.Thread(target=spin, daemon=True)
+            thread.start()
+            await asyncio.sleep(0.3)
+            with pytest.raises(aiolock.BackendUnavailable):
+                async with asyncio.timeout(10):
+                    await locks.lock(f"b-{uuid.uuid4().hex}").acquire(timeout=1)
+    finally:
+        killer = sync_redis.Redis(port=server.port)
+        try:
+            killer.script_kill()
+        except Exception:
+            pass
+        killer.close()
+        stop.wait(5)
+        server.close()
