@@ -5,6 +5,7 @@ replies that mean "not now" (READONLY, MASTERDOWN) are BackendUnavailable (#12).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
@@ -266,10 +267,8 @@ async def test_busy_script_is_backend_unavailable() -> None:
                     await locks.lock(f"b-{uuid.uuid4().hex}").acquire(timeout=1)
     finally:
         killer = sync_redis.Redis(port=server.port)
-        try:
+        with contextlib.suppress(Exception):
             killer.script_kill()
-        except Exception:
-            pass
         killer.close()
         stop.wait(5)
         server.close()
