@@ -74,7 +74,7 @@ async def test_random_cancellation_never_leaks(pair: tuple[aiolock.Locks, aioloc
                                                kind: str, url: str) -> None:
     a, b = pair
     rng = random.Random(SEED)
-    rounds = 60 if url.startswith("redis") else 30
+    rounds = int(os.environ.get("ADV_ROUNDS", "0")) or (60 if url.startswith("redis") else 30)
     name = f"c-{uuid.uuid4().hex}"
     for i in range(rounds):
         holder = None
@@ -177,6 +177,11 @@ async def test_reentrancy(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
             await lock.acquire(timeout=0.2)
 
     await asyncio.create_task(child())
+    # an inner block cancelled by a timeout leaves the outer hold in place
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05), lock:
+            await asyncio.sleep(1)
+    assert not outer.lost and (await b.status(name)).held
     await inner.release()
     assert (await b.status(name)).held, "released before the last release"
     with pytest.raises(aiolock.LockTimeout):
