@@ -115,8 +115,9 @@ async def test_acl_strangers_cannot_delete_or_take(zk_server: ZooKeeperServer) -
         other = aiozk.ZKClient(zk_server.hosts)
         await other.start()
         with contextlib.suppress(Exception):
-            await other.send(aiozk.protocol.AuthRequest(type=0, scheme="digest",
-                                                        auth="mallory:mallory-pw"))
+            async with asyncio.timeout(3):
+                await other.send(aiozk.protocol.AuthRequest(type=0, scheme="digest",
+                                                            auth=b"mallory:mallory-pw"))
         try:
             nodes = await _all_nodes(stranger, f"/{chroot}")
             assert nodes, "no lock nodes found under the chroot"
@@ -124,13 +125,15 @@ async def test_acl_strangers_cannot_delete_or_take(zk_server: ZooKeeperServer) -
             for client in (stranger, other):
                 for node in sorted(nodes, key=len, reverse=True):
                     try:
-                        await client.delete(node)
+                        await client.delete(node, force=True)
                     except Exception:
                         continue
                     deleted.append(node)
                 with contextlib.suppress(Exception):
                     await client.deleteall(f"/{chroot}")
             assert not deleted, f"strangers deleted {deleted}"
+            left = await _all_nodes(stranger, f"/{chroot}")
+            assert sorted(left) == sorted(nodes), f"nodes gone: {set(nodes) - set(left)}"
         finally:
             await stranger.close()
             await other.close()
