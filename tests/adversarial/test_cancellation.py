@@ -211,9 +211,10 @@ async def test_same_task_deadlock_is_an_error_and_keeps_the_lock(
 ONE_TRY_KINDS = ["lock", "fair", "write", "semaphore", "fair-semaphore"]
 
 
+@pytest.mark.parametrize("wait", [0, 0.05])
 @pytest.mark.parametrize("kind", ONE_TRY_KINDS)
 async def test_failed_one_try_leaves_nothing_behind(pair: tuple[aiolock.Locks, aiolock.Locks],
-                                                    kind: str) -> None:
+                                                    kind: str, wait: float) -> None:
     """issue 9 #4 for every primitive: acquire(timeout=0) that fails must not delay the
     next acquirer once the holder releases (measured: the next writer on Redis waits a
     full ttl)."""
@@ -228,7 +229,8 @@ async def test_failed_one_try_leaves_nothing_behind(pair: tuple[aiolock.Locks, a
     holder = await prim(a).acquire()
     for _ in range(3):
         with pytest.raises(aiolock.LockTimeout):
-            await prim(b).acquire(timeout=0)
+            await prim(b).acquire(timeout=wait)
+    info = await a.status(name)
     await holder.release()
     t0 = time.monotonic()
     async with asyncio.timeout(10):
@@ -236,6 +238,7 @@ async def test_failed_one_try_leaves_nothing_behind(pair: tuple[aiolock.Locks, a
     took = time.monotonic() - t0
     await lease.release()
     assert took < 0.5, f"next {kind} waited {took:.2f}s behind abandoned one-tries"
+    assert info.waiters == 0, f"abandoned tries counted as waiters: {info}"
 
 
 async def test_child_tasks_keep_the_lease(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
