@@ -251,3 +251,30 @@ async def test_many_leases_renewed(pair: tuple[aiolock.Locks, aiolock.Locks]) ->
         with pytest.raises(aiolock.LockTimeout):
             await b.lock(f"{base}:{n - 1}", ttl=1.2).acquire(timeout=0)
         await asyncio.gather(*(lease.release() for lease in leases))
+
+
+async def test_tokens_increase_across_expiry(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    """The token counter outlives every lease (it never expires with the lock)."""
+    a, b = pair
+    name = f"t-{uuid.uuid4().hex}"
+    first = await a.lock(name, ttl=0.3, watchdog=False).acquire()
+    await asyncio.sleep(0.6)
+    assert first.lost
+    second = await b.lock(name, ttl=0.3, watchdog=False).acquire(timeout=1)
+    await second.release()
+    await asyncio.sleep(0.6)
+    third = await a.lock(name, ttl=5).acquire(timeout=1)
+    assert first.token < second.token < third.token
+    await third.release()
+
+
+async def test_extend_without_watchdog(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
+    a, b = pair
+    name = f"x-{uuid.uuid4().hex}"
+    lease = await a.lock(name, ttl=0.6, watchdog=False).acquire()
+    await lease.extend(2.0)
+    await asyncio.sleep(1.0)  # past the first ttl
+    assert not lease.lost and lease.expires_in > 0.5
+    with pytest.raises(aiolock.LockTimeout):
+        await b.lock(name, ttl=1).acquire(timeout=0)
+    await lease.release()

@@ -47,6 +47,8 @@ async def test_misspelled_keyword_refused_naming_it(url: str) -> None:
     f"redis://{DEAD}/0?conect_timeout=1", f"redis://{DEAD}/0?ssl_certs_reqs=none",
     f"rediss://{DEAD}/0?ssl_ca_cert=/x.pem", f"redis+cluster://{DEAD}?bogus=1",
     f"redlock://{DEAD},{DEAD},{DEAD}?drift_factr=0.1",
+    "postgresql://u@127.0.0.1:1/db?mod=row", "zookeeper://127.0.0.1:1/x?session_timout=3",
+    "memcached://127.0.0.1:1?timeout=1", "memory://?x=1",
 ])
 async def test_misspelled_query_parameter_refused(url: str) -> None:
     bad = url.rsplit("?", 1)[1].split("=")[0]
