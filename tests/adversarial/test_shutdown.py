@@ -272,3 +272,34 @@ async def test_busy_script_is_backend_unavailable() -> None:
         killer.close()
         stop.wait(5)
         server.close()
+
+
+async def test_zookeeper_waiters_fail_when_server_dies() -> None:
+    """A dead ZooKeeper: waiters end with BackendUnavailable in bounded time (at the
+    latest when the session can no longer be kept), they never hang."""
+    zk = ZooKeeperServer().start()
+    try:
+        url = f"zookeeper://{zk.hosts}/adv"
+        opts = {"connect_timeout": 1, "request_timeout": 1, "session_timeout": 2}
+        async with aiolock.connect(url, **opts) as a:
+            held = await a.lock("z", ttl=5).acquire()
+            b = aiolock.connect(url, **opts)
+            waiters: list[asyncio.Task[Any]] = [
+                asyncio.create_task(b.lock("z", ttl=5).acquire()) for _ in range(5)]
+            await asyncio.sleep(0.5)
+            assert not any(t.done() for t in waiters)
+            died = time.monotonic()
+            zk.kill()
+            ended: list[float] = []
+            for t in waiters:
+                t.add_done_callback(lambda _t: ended.append(time.monotonic() - died))
+            results = await _settle(waiters, 20)
+            for r in results:
+                assert isinstance(r, aiolock.BackendUnavailable), repr(r)
+            assert max(ended) < 2 + 1 + 1.5, f"waiters failed at {sorted(ended)}"
+            async with asyncio.timeout(10):
+                await held.wait_lost()
+            async with asyncio.timeout(10):
+                await b.aclose()
+    finally:
+        zk.close()
