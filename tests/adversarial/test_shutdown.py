@@ -303,3 +303,53 @@ async def test_zookeeper_waiters_fail_when_server_dies() -> None:
                 await b.aclose()
     finally:
         zk.close()
+
+
+
+@pytest.mark.parametrize("release_after", [0.0, 0.3])
+async def test_waiter_survives_pubsub_kill(redis_server: RedisServer,
+                                           release_after: float) -> None:
+    """CLIENT KILL TYPE pubsub while a waiter waits, then the holder releases (during or
+    after the reconnect): the waiter gets the lock promptly, not at the ttl retry."""
+    name = f"p-{uuid.uuid4().hex}"
+    async with aiolock.connect(redis_server.url) as a, aiolock.connect(redis_server.url) as b:
+        held = await a.lock(name, ttl=20).acquire()
+        waiter = asyncio.create_task(b.lock(name, ttl=20).acquire())
+        await asyncio.sleep(0.3)
+        admin = sync_redis.Redis(port=redis_server.port)
+        try:
+            killed = admin.client_kill_filter(_type="pubsub")
+        finally:
+            admin.close()
+        assert killed >= 1
+        await asyncio.sleep(release_after)
+        t0 = time.monotonic()
+        await held.release()
+        async with asyncio.timeout(25):
+            lease = await waiter
+        took = time.monotonic() - t0
+        await lease.release()
+        assert took < 1.5, f"waiter woke {took:.1f}s after the release"
+
+
+async def test_lease_survives_connection_kill(redis_server: RedisServer) -> None:
+    """Every connection of ours killed by the server (CLIENT KILL): the watchdog
+    reconnects and renews; the lease is not lost and the lock stays ours."""
+    name = f"k-{uuid.uuid4().hex}"
+    async with aiolock.connect(f"{redis_server.url}?client_name=adv-victim") as a, \
+            aiolock.connect(redis_server.url) as b:
+        lease = await a.lock(name, ttl=1.5).acquire()
+        admin = sync_redis.Redis(port=redis_server.port, decode_responses=True)
+        try:
+            for _ in range(3):
+                for c in admin.client_list():
+                    if c["name"] == "adv-victim" or c["cmd"] in ("evalsha", "eval"):
+                        admin.client_kill_filter(_id=c["id"])
+                await asyncio.sleep(0.5)
+        finally:
+            admin.close()
+        await asyncio.sleep(1.0)
+        assert not lease.lost
+        with pytest.raises(aiolock.LockTimeout):
+            await b.lock(name, ttl=1.5).acquire(timeout=0)
+        await lease.release()
