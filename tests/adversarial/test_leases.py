@@ -278,3 +278,52 @@ async def test_extend_without_watchdog(pair: tuple[aiolock.Locks, aiolock.Locks]
     with pytest.raises(aiolock.LockTimeout):
         await b.lock(name, ttl=1).acquire(timeout=0)
     await lease.release()
+
+
+async def test_fair_is_fifo_across_connections(url: str) -> None:
+    async with aiolock.connect(url) as a, aiolock.connect(url) as b, \
+            aiolock.connect(url) as c:
+        conns = (a, b, c)
+        name = f"f-{uuid.uuid4().hex}"
+        order: list[int] = []
+
+        async def waiter(i: int) -> None:
+            async with conns[i % 3].lock(name, ttl=5, fair=True):
+                order.append(i)
+                await asyncio.sleep(0.005)
+
+        first = await a.lock(name, ttl=5, fair=True).acquire()
+        tasks = []
+        for i in range(12):
+            tasks.append(asyncio.create_task(waiter(i)))
+            await asyncio.sleep(0.03)
+        await first.release()
+        async with asyncio.timeout(20):
+            await asyncio.gather(*tasks)
+        assert order == list(range(12)), order
+
+
+async def test_fair_queue_skips_cancelled_and_timed_out(url: str) -> None:
+    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
+        name = f"f-{uuid.uuid4().hex}"
+        order: list[int] = []
+
+        async def waiter(i: int, timeout: float | None = None) -> None:
+            async with (a, b)[i % 2].lock(name, ttl=5, fair=True, timeout=timeout):
+                order.append(i)
+
+        first = await a.lock(name, ttl=5, fair=True).acquire()
+        tasks = []
+        for i in range(8):
+            tasks.append(asyncio.create_task(waiter(i, 0.3 if i == 5 else None)))
+            await asyncio.sleep(0.03)
+        tasks[2].cancel()
+        tasks[3].cancel()
+        await asyncio.sleep(0.4)  # waiter 5 timed out
+        t0 = time.monotonic()
+        await first.release()
+        async with asyncio.timeout(20):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        took = time.monotonic() - t0
+        assert order == [0, 1, 4, 6, 7], order
+        assert took < 1.0, f"queue drained in {took:.1f}s: a gone waiter's place blocked it"
