@@ -132,7 +132,7 @@ async def test_subscription_refused_surfaces_to_waiter(acl_redis: PasswordRedis)
         url = f"redis://nochannels:{SECRET}@127.0.0.1:{acl_redis.port}/0"
         async with aiolock.connect(url, connect_timeout=2, request_timeout=2) as locks:
             with pytest.raises(aiolock.AccessDenied):
-                async with asyncio.timeout(5):
+                async with asyncio.timeout(3):
                     await locks.lock(name, ttl=20).acquire()
         await holder.release()
 

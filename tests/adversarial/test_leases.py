@@ -218,6 +218,8 @@ async def test_lease_lost_after_server_restart(own_redis_url: str) -> None:
 async def test_on_lost_callback_that_raises(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
     """A user's on_lost callback that raises must not stop the watchdog of the others."""
     a, b = pair
+    if not a.url.startswith("redis"):
+        pytest.skip("the watchdog is shared code: one backend is enough")
     name = f"cb-{uuid.uuid4().hex}"
     calls = 0
 
@@ -243,13 +245,13 @@ async def test_many_leases_renewed(pair: tuple[aiolock.Locks, aiolock.Locks]) ->
     n = 1500 if a.url.startswith("redis") else 300
     base = uuid.uuid4().hex
     async with asyncio.timeout(60):
-        leases = await asyncio.gather(*(a.lock(f"{base}:{i}", ttl=1.2).acquire()
+        leases = await asyncio.gather(*(a.lock(f"{base}:{i}", ttl=1.0).acquire()
                                         for i in range(n)))
-        await asyncio.sleep(2.5)  # two ttls
+        await asyncio.sleep(2.0)  # two ttls
         lost = sum(lease.lost for lease in leases)
         assert lost == 0, f"{lost} of {n} leases lost while held"
         with pytest.raises(aiolock.LockTimeout):
-            await b.lock(f"{base}:{n - 1}", ttl=1.2).acquire(timeout=0)
+            await b.lock(f"{base}:{n - 1}", ttl=1.0).acquire(timeout=0)
         await asyncio.gather(*(lease.release() for lease in leases))
 
 

@@ -341,14 +341,14 @@ async def test_lease_survives_connection_kill(redis_server: RedisServer) -> None
         lease = await a.lock(name, ttl=1.5).acquire()
         admin = sync_redis.Redis(port=redis_server.port, decode_responses=True)
         try:
-            for _ in range(3):
+            for _ in range(2):
                 for c in admin.client_list():
                     if c["name"] == "adv-victim" or c["cmd"] in ("evalsha", "eval"):
                         admin.client_kill_filter(_id=c["id"])
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.4)
         finally:
             admin.close()
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.8)
         assert not lease.lost
         with pytest.raises(aiolock.LockTimeout):
             await b.lock(name, ttl=1.5).acquire(timeout=0)
