@@ -1,4 +1,5 @@
-"""``zookeeper://host:port,host:port/chroot`` (also ``zk://``): ZooKeeper via ``aiozk``.
+"""``zookeeper://[user:password@]host:port,host:port/chroot`` (also ``zk://``): ZooKeeper
+via ``aiozk``.
 
 Only ``aiozk.ZKClient``'s session is used; the recipes are our own (``aiozk``'s
 ``recipes.Lock`` leaks znodes on cancellation, misses deletes after a reconnect and
@@ -43,12 +44,48 @@ write: the watchdog's first renewal restamps the node); a renewal that comes rig
 such a confirmation (the core renews at once when the session timeout cut the lease
 below its ``ttl``) is answered from it without a request.
 
-A claim that got "busy" and is then neither asked again nor listening (the core gave up
-after one try, as with ``timeout=0``) loses its node within half a second, and one that
-stops listening without a grant (a timeout, a cancellation) at once: it cannot block
-the queue.
+A claim keeps a place in the queue only while its waiter listens: a try that is not
+granted while nobody listens for the claim (a one-try ``acquire(timeout=0)``, or the
+first try of an acquire before it starts waiting) deletes its node before it answers
+"busy", and a claim that stops listening without a grant (a timeout, a cancellation)
+gives its place up at once. So nothing a try-lock loop did is left to block the lock, or
+to show in ``status()``, once the try has returned. Such tries on a name found busy in
+the last ``CONTENDED_HINT`` seconds only list the nodes (no write) and take a place only
+if it looks free; the next one after that takes a place again and reads the holders'
+lease clocks, so a try-lock loop also reaps a holder that stopped renewing.
+
+Who may touch a lock (ACLs):
+
+* ``zookeeper://user:password@host:port/chroot`` (percent-encoded; or ``username=`` and
+  ``password=``) makes the session authenticate with the ``digest`` scheme on every
+  connection it opens (ZooKeeper keeps auth per connection, so also after each
+  reconnect), and every node aiolock creates -- the chroot and its missing ancestors,
+  the per-name containers, the lock nodes -- gets the ACL ``digest:user:<base64 sha1 of
+  user:password> cdrwa`` + ``world:anyone r`` (``acl="creator"``, the default with
+  credentials). Other clients, unauthenticated or with other credentials (a wrong
+  password is another identity), can read (``status()`` works) but can neither change
+  nor delete a holder's node (deleting needs ``d`` on the container) nor take the lock
+  (that needs ``c`` on the container): they get :class:`aiolock.AccessDenied`.
+* Without credentials, or with ``acl="open"`` (also ``?acl=open``), nodes are created
+  ``world:anyone:cdrwa`` as before: any client of the ensemble may delete them.
+* Nodes that exist keep their ACL: a chroot or container made earlier without
+  credentials stays open (a container is made again, with the ACL, once it was emptied
+  and reaped by the server). Set the chroot's ACL yourself when it exists already.
+* Least privileges: aiolock needs only ``c`` (create) on an existing chroot, for its
+  containers -- e.g. ``setAcl /locks digest:user:<hash>:c`` -- and nothing else there,
+  not even ``r`` (it never lists the chroot; ``status()`` reads the containers, which
+  it makes readable by anyone). If the chroot does not exist, ``c`` on its nearest
+  existing ancestor. Everything below the chroot it creates itself, with its own ACL.
+  With less, the connect or the acquire fails with :class:`aiolock.AccessDenied` at
+  once.
+* A client passed in (``client=``) is used as it is: no credentials with it.
 
 Error handling:
+
+* the server refuses a request for want of permission (``NoAuth``, ``AuthFailed``):
+  :class:`aiolock.AccessDenied`, wherever it happens (connect, acquire, renew, release,
+  status), saying which user (never the password) and what to check. A renewal that is
+  denied keeps failing, so the lease is lost at its last confirmed expiry.
 
 * connection **suspended** (no server reachable, session maybe alive): leases are *at
   risk*; requests fail with :class:`aiolock.BackendUnavailable` after
@@ -83,24 +120,27 @@ through before its last confirmed expiry.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
+import hashlib
 import logging
 import random
 import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
-from ..errors import BackendUnavailable, LockError
+from ..errors import AccessDenied, BackendUnavailable, LockError
 
 try:
     import aiozk
     from aiozk import exc as zkexc
     from aiozk import protocol as zkproto
     from aiozk.connection import Connection as _ZKConnection
+    from aiozk.protocol.acl import ACL as _ZKACL
     from aiozk.states import States
 except ImportError as _exc:  # pragma: no cover - reported by aiolock.connect()
     raise ImportError(
@@ -115,9 +155,10 @@ log = logging.getLogger("aiolock")
 ABANDONED_KEEP = 120.0
 #: At most this long between re-checks of a waiting claim (a missed watch costs this).
 MAX_RECHECK = 5.0
-#: A claim answered Busy and then neither asked again nor listening for this long (the
-#: core gave up after one try) loses its node.
-UNATTENDED = 0.5
+#: After a try found a name busy, the next tries nobody listens for only look (a listing,
+#: no node) for this long; then one takes a place again (and reads the holders' lease
+#: clocks, so a holder that stopped renewing is still reaped).
+CONTENDED_HINT = 2.0
 #: A renewal within ``1 - RENEW_FRESH`` of the granted time after the last confirmation
 #: is answered from that confirmation (no request).
 RENEW_FRESH = 0.9
@@ -130,6 +171,91 @@ _FAMILY_PREFIXES = {
     family: tuple(f"{_KIND_PREFIX[k]}-" for k in Kind if k.family == family)
     for family in {k.family for k in Kind}
 }
+#: ``acl=`` choices: ``creator`` (only our digest identity may change or delete the nodes
+#: we create, anyone may read them; the default with credentials) or ``open``
+#: (``world:anyone:cdrwa``; the default without credentials).
+ACL_CHOICES = ("creator", "open")
+_ALL_PERMS = 31  # cdrwa
+_URL_FORM = "zookeeper://[user:password@]host:port,host:port/chroot[?acl=creator|open]"
+
+
+# -- credentials and ACLs ------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class _Digest:
+    """Digest credentials; the password never shows in a repr, a message or a log line."""
+
+    user: str
+    password: str = field(repr=False)
+
+    @property
+    def ident(self) -> str:
+        """This identity in an ACL: ``user:base64(sha1(user:password))``."""
+        raw = hashlib.sha1(f"{self.user}:{self.password}".encode()).digest()
+        return f"{self.user}:{base64.b64encode(raw).decode()}"
+
+    def request(self) -> Any:
+        """The ``addAuth`` packet for a connection."""
+        return _AuthRequest(type=0, scheme="digest", auth=f"{self.user}:{self.password}".encode())
+
+
+class _AuthRequest(zkproto.AuthRequest):  # type: ignore[misc]
+    """``addAuth``, shown without its secret (aiozk logs every packet at debug level)."""
+
+    def __str__(self) -> str:
+        return f"AuthRequest(scheme={self.scheme}, auth=<hidden>)"
+
+    __repr__ = __str__
+
+
+def _credentials(username: object, password: object) -> _Digest | None:
+    """Both or neither; a digest user name cannot contain ':'."""
+    if username is None and password is None:
+        return None
+    if not isinstance(username, str) or not isinstance(password, str) or not username or not password:
+        raise ValueError("ZooKeeper digest auth needs both a user and a password (non-empty strings): "
+                         "zookeeper://user:password@host:port/chroot, or username= and password=")
+    if ":" in username:
+        raise ValueError("a ZooKeeper digest user name cannot contain ':'")
+    return _Digest(username, password)
+
+
+def _node_acl(acl: object, digest: _Digest | None) -> list[Any]:
+    """The ACL of every node we create, from the ``acl=`` choice (see :data:`ACL_CHOICES`)."""
+    if acl is None:
+        acl = "creator" if digest is not None else "open"
+    if acl not in ACL_CHOICES:
+        raise ValueError(f"acl must be one of {', '.join(map(repr, ACL_CHOICES))}, got {acl!r}")
+    if acl == "open":
+        return [zkproto.UNRESTRICTED_ACCESS]
+    if digest is None:
+        raise ValueError("acl='creator' needs credentials: zookeeper://user:password@host:port/chroot")
+    owner = _ZKACL.make("digest", digest.ident, read=True, write=True, create=True, delete=True,
+                        admin=True)
+    return [owner, zkproto.WORLD_READABLE]
+
+
+class _QuietDenials(logging.Filter):
+    """Drop aiozk's "Send exception" log record for a request refused for want of
+    permission: aiozk logs it at ERROR level with a traceback before raising it, but it
+    reaches the caller as :class:`aiolock.AccessDenied` anyway (on the CLI, the traceback
+    would come before its one-line message)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, (zkexc.NoAuth, zkexc.AuthFailed))
+
+
+logging.getLogger("aiozk.session").addFilter(_QuietDenials())
+
+
+def _redacted(url: str) -> str:
+    """``url`` fit for a message: user kept, password and query left out."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    netloc = f"{userinfo.partition(':')[0]}@{hosts}" if at else hosts
+    return f"{parts.scheme}://{netloc}{parts.path}"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -253,8 +379,11 @@ class _SessionRepair:
     answer (session id 0) means the session expired.
     """
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, auth: _Digest | None = None) -> None:
         self.session = session
+        self.auth = auth
+        #: the server refused our credentials (AuthFailed) on some connection
+        self.auth_error: BaseException | None = None
         self._closing: set[asyncio.Task[Any]] = set()
 
     def install(self) -> None:
@@ -325,6 +454,25 @@ class _SessionRepair:
         session.session_id = response.session_id
         session.password = response.password
         session.timeout = response.timeout / 1000
+        if self.auth is not None:
+            self._authenticate()
+
+    def _authenticate(self) -> None:
+        """Send ``addAuth`` on the new connection. ZooKeeper keeps auth per connection,
+        not per session, so this is done on every (re)connect; it is written before the
+        session counts as connected, so the server has it before any other request on
+        this connection (it handles auth packets as they arrive)."""
+        assert self.auth is not None
+        reply = self.session.conn.send(self.auth.request())
+        reply.add_done_callback(self._authenticated)
+
+    def _authenticated(self, reply: asyncio.Future[Any]) -> None:
+        if reply.cancelled():
+            return
+        exc = reply.exception()  # (a dropped connection: the next one authenticates again)
+        if isinstance(exc, zkexc.AuthFailed):
+            self.auth_error = exc
+            log.error("ZooKeeper refused the credentials of user %r", self.auth and self.auth.user)
 
 
 class _Delete(zkproto.DeleteRequest):  # type: ignore[misc]
@@ -340,10 +488,15 @@ class _Delete(zkproto.DeleteRequest):  # type: ignore[misc]
 class ZooKeeperBackend(Backend):
     """Locks on a ZooKeeper ensemble, over one ``aiozk`` session.
 
-    Build it from a URL with :func:`aiolock.connect` (``zookeeper://h1:2181,h2:2181/chroot``)
-    or pass an ``aiozk.ZKClient`` you already have (``ZooKeeperBackend(client=...)``; it is
-    started if needed and not closed for you). See the module doc for the recipes, the
-    lease model and what session timeout to set.
+    Build it from a URL with :func:`aiolock.connect` (``zookeeper://h1:2181,h2:2181/chroot``,
+    ``zookeeper://user:password@h1:2181/chroot`` for digest auth) or pass an
+    ``aiozk.ZKClient`` you already have (``ZooKeeperBackend(client=...)``; it is started if
+    needed, used as it is -- no credentials -- and not closed for you). See the module doc
+    for the recipes, the lease model, the ACLs and what session timeout to set.
+
+    ``username``/``password``: digest credentials, sent on every connection. ``acl``:
+    ``"creator"`` (the default with credentials: only that identity may change or delete
+    the nodes aiolock creates, anyone may read them) or ``"open"`` (the default without).
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("zookeeper", "zk")
@@ -355,7 +508,8 @@ class ZooKeeperBackend(Backend):
     def __init__(
         self, hosts: str | None = None, chroot: str = "/aiolock", *, client: Any = None,
         session_timeout: float = 20.0, connect_timeout: float = 5.0,
-        request_timeout: float = 5.0,
+        request_timeout: float = 5.0, username: str | None = None, password: str | None = None,
+        acl: str | None = None,
     ) -> None:
         for what, value in (("session_timeout", session_timeout),
                             ("connect_timeout", connect_timeout),
@@ -363,14 +517,21 @@ class ZooKeeperBackend(Backend):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{what} must be a number of seconds > 0, got {value!r}")
         self._chroot = _check_chroot(chroot)
+        self._digest = _credentials(username, password)
+        self._acl = _node_acl(acl, self._digest)
+        self._repair: _SessionRepair | None = None
         if client is None:
             if not hosts:
                 raise ValueError("give ZooKeeper hosts ('host:port,host:port') or an aiozk client")
             _check_hosts(hosts)
             client = aiozk.ZKClient(hosts, session_timeout=session_timeout)
-            _SessionRepair(client.session).install()
+            self._repair = _SessionRepair(client.session, self._digest)
+            self._repair.install()
             self._owns_client = True
         else:
+            if self._digest is not None:
+                raise ValueError("credentials are for the client aiolock makes from hosts or a URL; "
+                                 "a client passed in is used as it is")
             self._owns_client = False
             hosts = ",".join(f"{h}:{p}" for h, p in client.session.hosts)
         self._client = client
@@ -390,33 +551,58 @@ class ZooKeeperBackend(Backend):
         self._warned: set[int] = set()
         #: bumped at every suspension and reconnect: a Busy answer from before is stale
         self._epoch = 0
+        #: lock node path -> until when a try nobody listens for only looks (see _peek)
+        self._contended: dict[str, float] = {}
 
     @classmethod
     def from_url(
         cls, url: str, *, session_timeout: float = 20.0, connect_timeout: float = 5.0,
-        request_timeout: float = 5.0,
+        request_timeout: float = 5.0, username: str | None = None, password: str | None = None,
+        acl: str | None = None,
     ) -> ZooKeeperBackend:
-        """``zookeeper://host:port[,host:port...][/chroot]`` or ``zk://...``; the chroot
-        defaults to ``/aiolock``. The port defaults to 2181."""
+        """``zookeeper://[user:password@]host:port[,host:port...][/chroot][?acl=...]`` or
+        ``zk://...``; the chroot defaults to ``/aiolock``, the port to 2181. The user and
+        password (percent-encoded in the URL, or given as ``username=``/``password=``)
+        are digest credentials; ``acl`` (query or keyword) is ``creator`` or ``open``."""
+        shown = _redacted(url)
         parts = urlsplit(url)
         if parts.scheme.lower() not in cls.schemes:
-            raise ValueError(f"expected zookeeper://host:port,host:port/chroot, got {url!r}")
-        if parts.query or parts.fragment or "@" in parts.netloc:
-            raise ValueError(
-                f"zookeeper URLs take no user, query or fragment: expected "
-                f"zookeeper://host:port,host:port/chroot, got {url!r}"
-            )
-        if not parts.netloc:
-            raise ValueError(f"expected zookeeper://host:port,host:port/chroot, got {url!r}")
+            raise ValueError(f"expected {_URL_FORM}, got {shown!r}")
+        if parts.fragment:
+            raise ValueError(f"zookeeper URLs take no fragment: expected {_URL_FORM}, got {shown!r}")
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        for key, value in query:
+            if key != "acl" or acl is not None:
+                raise ValueError(f"zookeeper URLs take one query option, acl=creator|open; "
+                                 f"got {key!r} in {shown!r}" + (" (and acl= as a keyword)"
+                                                                if key == "acl" else ""))
+            acl = value
+        userinfo, at, netloc = parts.netloc.rpartition("@")
+        if at:
+            if username is not None or password is not None:
+                raise ValueError(f"credentials given twice: in the URL {shown!r} and as keywords")
+            user, colon, secret = userinfo.partition(":")
+            username, password = unquote(user), (unquote(secret) if colon else None)
+        if not netloc:
+            raise ValueError(f"expected {_URL_FORM}, got {shown!r}")
         hosts = ",".join(h if ":" in h.rpartition("]")[2] else f"{h}:2181"
-                         for h in parts.netloc.split(","))
+                         for h in netloc.split(","))
         chroot = parts.path if parts.path not in ("", "/") else "/aiolock"
         return cls(hosts, chroot, session_timeout=session_timeout,
-                   connect_timeout=connect_timeout, request_timeout=request_timeout)
+                   connect_timeout=connect_timeout, request_timeout=request_timeout,
+                   username=username, password=password, acl=acl)
 
     @property
     def url(self) -> str:
-        return f"zookeeper://{self._hosts}{self._chroot}"
+        """``zookeeper://[user@]hosts/chroot``: never the password."""
+        user = f"{quote(self._digest.user, safe='')}@" if self._digest is not None else ""
+        return f"zookeeper://{user}{self._hosts}{self._chroot}"
+
+    @property
+    def acl(self) -> list[tuple[str, str, int]]:
+        """The ACL every node aiolock creates gets, as ``(scheme, id, perms)`` triples
+        (perms: ZooKeeper's bits, ``cdrwa`` = 31)."""
+        return [(a.id.scheme, a.id.id, a.perms) for a in self._acl]
 
     @property
     def client(self) -> Any:
@@ -445,6 +631,12 @@ class ZooKeeperBackend(Backend):
                 async with asyncio.timeout(self._connect_timeout):
                     await self._client.session.start()
                     await self._ensure_path(self._chroot, container=False)
+                    if self._repair is not None and self._repair.auth_error is not None:
+                        raise self._repair.auth_error
+            except (zkexc.NoAuth, zkexc.AuthFailed) as exc:
+                if self._owns_client:
+                    await self._teardown()
+                raise self._denied(f"creating the chroot {self._chroot}", exc) from exc
             except (TimeoutError, OSError, zkexc.ZKError) as exc:
                 if self._owns_client:
                     await self._teardown()
@@ -551,8 +743,26 @@ class ZooKeeperBackend(Backend):
             raise BackendUnavailable(
                 f"ZooKeeper at {self.url} is unavailable ({type(exc).__name__}: {exc})"
             ) from exc
+        except (zkexc.NoAuth, zkexc.AuthFailed) as exc:
+            raise self._denied(what, exc) from exc
         except zkexc.ZKError as exc:
             raise LockError(f"ZooKeeper at {self.url} refused {what}: {type(exc).__name__} {exc}") from exc
+
+    def _denied(self, what: str, exc: BaseException) -> AccessDenied:
+        """The error for a request the server refused for want of permission."""
+        if isinstance(exc, zkexc.AuthFailed):
+            return AccessDenied(
+                f"ZooKeeper at {self.url} denied {what}: it refused the credentials of user "
+                f"{self._digest.user if self._digest else None!r} (AuthFailed)"
+            )
+        who = (f"user {self._digest.user!r} (with the password given)" if self._digest is not None
+               else "an unauthenticated client")
+        return AccessDenied(
+            f"ZooKeeper at {self.url} denied {what} ({type(exc).__name__}): the ACL of a node "
+            f"under {self._chroot} does not let {who} do it. Nodes made with credentials may be "
+            f"changed only by that user and password; aiolock needs create ('c') on the chroot. "
+            f"Check the URL's credentials and the chroot's ACL"
+        )
 
     async def _send(self, request: Any) -> Any:
         # session.send, not client.send: the client caches the stat of every path forever
@@ -567,18 +777,36 @@ class ZooKeeperBackend(Backend):
         return f"{self._chroot.rstrip('/')}/{escaped}"
 
     async def _ensure_path(self, path: str, *, container: bool) -> None:
-        parts = [p for p in path.split("/") if p]
-        current = ""
-        for i, part in enumerate(parts):
-            current += "/" + part
-            req = zkproto.CreateRequest(path=current, data=b"", acl=[zkproto.UNRESTRICTED_ACCESS])
-            req.set_flags(container=container and i == len(parts) - 1)
+        """Create ``path`` with our ACL, and its missing ancestors (plain nodes); ``path``
+        itself a container if ``container``. Bottom-up, so one request when the parent
+        exists. A node that exists is fine also where we may not create: the server
+        checks the create permission on the parent before it looks for the node, so a
+        NoAuth is followed by an ``exists``."""
+        if path == "/":
+            return
+        req = zkproto.CreateRequest(path=path, data=b"", acl=self._acl)
+        req.set_flags(container=container)
+        try:
+            await self._send(req)
+        except zkexc.NodeExists:
+            pass
+        except zkexc.NoNode:
+            await self._ensure_path(path.rpartition("/")[0] or "/", container=False)
             with contextlib.suppress(zkexc.NodeExists):
                 await self._send(req)
+        except zkexc.NoAuth:
+            if not await self._exists(path):
+                raise
+
+    async def _exists(self, path: str) -> bool:
+        try:
+            await self._send(zkproto.ExistsRequest(path=path, watch=False))
+        except zkexc.NoNode:
+            return False
+        return True
 
     async def _create(self, parent: str, prefix: str, data: bytes) -> tuple[str, int]:
-        req = zkproto.Create2Request(path=f"{parent}/{prefix}", data=data,
-                                     acl=[zkproto.UNRESTRICTED_ACCESS])
+        req = zkproto.Create2Request(path=f"{parent}/{prefix}", data=data, acl=self._acl)
         req.set_flags(ephemeral=True, sequential=True)
         for _ in range(5):
             try:
@@ -717,14 +945,13 @@ class ZooKeeperBackend(Backend):
         return max(1, min(claim.ttl_ms, session_ms))
 
     def _forget_node(self, claim: Claim) -> None:
-        for key in ("path", "sid", "czxid", "creating", "stamped", "releasing", "busy", "asked",
+        for key in ("path", "sid", "czxid", "creating", "stamped", "releasing", "busy",
                     "granted", "waited"):
             claim.state.pop(key, None)
 
     async def try_acquire(self, claim: Claim) -> Granted | Busy:
         if claim.owner in self._abandoned:
             raise LockError(f"claim on {claim.name!r} was abandoned")
-        claim.state.pop("asked", None)  # being asked: not unattended
         busy = self._same_answer(claim)
         if busy is not None:
             return busy
@@ -746,7 +973,6 @@ class ZooKeeperBackend(Backend):
                 or not all(claim.owner in self._watching.get(p, ()) for p in watched)):
             return None
         claim.state["busy"] = busy
-        self._answered_busy(claim)
         return Busy(left)
 
     async def _try_acquire(self, claim: Claim) -> Granted | Busy:
@@ -755,6 +981,12 @@ class ZooKeeperBackend(Backend):
         if claim.state.get("sid") not in (None, self._sid):
             self._forget_node(claim)  # made in an expired session: the server deleted it
         claim.state.pop("busy", None)
+        if (claim.owner not in self._waiters and "path" not in claim.state
+                and not claim.state.get("creating")
+                and self._contended.get(parent, 0.0) > time.monotonic()):
+            peeked = await self._peek(claim, parent)
+            if peeked is not None:
+                return peeked
         started = time.monotonic()
         first = False  # the first look after creating our node
         for _ in range(8):
@@ -813,6 +1045,13 @@ class ZooKeeperBackend(Backend):
                 claim.state.pop("creating", None)
                 claim.state["granted"] = True
                 return granted
+            self._note_contended(parent)
+            if claim.owner not in self._waiters:
+                # nobody will wait on this place (one try, or not listening yet)
+                busy = await self._give_way(claim, parent, path, nodes, holders)
+                if busy is not None:
+                    return busy
+                continue  # a stale holder was reaped: try again, with a new node
             # not holding at `listed`: no contender can see us holding before that moment
             claim.state["waited"] = listed
             busy = await self._wait_on(claim, parent, nodes, index, holders, first)
@@ -888,6 +1127,62 @@ class ZooKeeperBackend(Backend):
         found later, never early).
         """
         targets = {f"{parent}/{n.name}" for n in _watch_targets(nodes, index, claim)}
+        holder_paths = self._holder_paths(claim, parent, nodes, holders)
+        read = sorted(holder_paths & targets if first else holder_paths)
+        self._watch(claim, targets)
+        watched = sorted(targets)
+        requests = [*(self._watch_node(p) for p in watched), *(self._get(p, watch=False) for p in read)]
+        results: list[Any] = ([await requests[0]] if len(requests) == 1
+                              else await _pipelined(requests))
+        if not all(results[: len(watched)]):
+            return None  # something we wait for went meanwhile (and set no watch): look again
+        wait = await self._reap_stale(claim, read, results[len(watched):])
+        if wait is None:
+            return None
+        claim.state["busy"] = (self._epoch, time.monotonic() + wait)
+        return Busy(wait)
+
+    async def _peek(self, claim: Claim, parent: str) -> Busy | None:
+        """A try nobody listens for, on a name found busy a moment ago: list the nodes
+        and answer Busy without taking a place if a new node would not be granted (no
+        write at all: a try-lock loop, or the first try of an acquire that then listens
+        and asks again, costs the server one read). None: it looks free, take a place."""
+        nodes = [n for n in _family_nodes(await self._children(parent), claim.kind)
+                 if n.owner not in self._abandoned]
+        newcomer = _Node(1 << 62, claim.kind, claim.owner, "")
+        if any(n is newcomer for n in _holders([*nodes, newcomer], claim.limit)):
+            self._contended.pop(parent, None)
+            return None
+        return Busy(min(MAX_RECHECK, claim.ttl_ms / 3000, self.session_timeout / 3))
+
+    def _note_contended(self, parent: str) -> None:
+        now = time.monotonic()
+        if parent not in self._contended and len(self._contended) >= 1024:
+            for key in [k for k, until in self._contended.items() if until <= now]:
+                del self._contended[key]
+        self._contended[parent] = now + CONTENDED_HINT
+
+    async def _give_way(
+        self, claim: Claim, parent: str, path: str, nodes: list[_Node], holders: list[_Node],
+    ) -> Busy | None:
+        """Not granted, and nobody listens for ``claim``: delete its node before answering
+        Busy, so that it blocks nobody (the core asks once and gives up for
+        ``timeout=0``, calling nothing else for a non-fair claim; before waiting it
+        listens first, then asks again, which takes a new place). The holders' data is
+        read in the same round trip, so that a try-lock loop still reaps a holder that
+        stopped renewing. None: one was reaped, look again.
+        """
+        read = sorted(self._holder_paths(claim, parent, nodes, holders))
+        self._unwatch(claim)
+        results = await _pipelined([self._delete(path), *(self._get(p, watch=False) for p in read)])
+        self._forget_node(claim)
+        wait = await self._reap_stale(claim, read, results[1:])
+        return None if wait is None else Busy(wait)
+
+    def _holder_paths(
+        self, claim: Claim, parent: str, nodes: list[_Node], holders: list[_Node]
+    ) -> set[str]:
+        """The holders whose lease clock to read (forgetting the clocks of nodes gone)."""
         present = {f"{parent}/{n.name}" for n in nodes}
         for path in [p for p in self._seen if p.rpartition("/")[0] == parent and p not in present]:
             del self._seen[path]  # released since we last looked
@@ -895,23 +1190,21 @@ class ZooKeeperBackend(Backend):
         # only because our own abandoned (not yet deleted) nodes are left out does not
         # know it holds yet, and counts its lease from later than we would.
         real = {n.name for n in _holders(nodes, claim.limit)}
-        holder_paths = {f"{parent}/{n.name}" for n in holders if n.name in real}
-        read = sorted(holder_paths & targets if first else holder_paths)
-        self._watch(claim, targets)
-        watched = sorted(targets)
-        requests = [*(self._watch_node(p) for p in watched), *(self._get(p, watch=False) for p in read)]
-        results: list[Any] = ([await requests[0]] if len(requests) == 1
-                              else await _pipelined(requests))
+        return {f"{parent}/{n.name}" for n in holders if n.name in real}
+
+    async def _reap_stale(
+        self, claim: Claim, paths: Sequence[str], got: Sequence[tuple[bytes, Any] | None]
+    ) -> float | None:
+        """Run the lease clocks of the holders at ``paths`` (their data and stat in
+        ``got``) and delete one unchanged for its whole ttl: None then (look again);
+        else how long to wait before looking again."""
         now = time.monotonic()
-        recheck = min(MAX_RECHECK, claim.ttl_ms / 3000, self.session_timeout / 3)
-        wait = recheck
-        if not all(results[: len(watched)]):
-            return None  # something we wait for went meanwhile (and set no watch): look again
-        for path, got in zip(read, results[len(watched):], strict=True):
-            if got is None:  # released meanwhile: its successor takes over
+        wait = min(MAX_RECHECK, claim.ttl_ms / 3000, self.session_timeout / 3)
+        for path, node in zip(paths, got, strict=True):
+            if node is None:  # released meanwhile: its successor takes over
                 self._seen.pop(path, None)
                 continue
-            data, stat = got
+            data, stat = node
             ttl_ms, _ = _decode_data(data)
             version = int(stat.version)
             seen = self._seen.get(path)
@@ -926,10 +1219,7 @@ class ZooKeeperBackend(Backend):
                 self._seen.pop(path, None)
                 return None
             wait = min(wait, stale_at - now + 0.002)
-        wait = max(wait, 0.001)
-        claim.state["busy"] = (self._epoch, now + wait)
-        self._answered_busy(claim)
-        return Busy(wait)
+        return max(wait, 0.001)
 
     async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
         if not claims:
@@ -1066,37 +1356,12 @@ class ZooKeeperBackend(Backend):
         except Exception as exc:  # the janitor of a reconnect (or session end) covers it
             log.debug("giving up a ZooKeeper claim on %r failed: %s", claim.name, exc)
 
-    def _answered_busy(self, claim: Claim) -> None:
-        """After a Busy answer: if the claim is not looked after soon -- asked again or
-        listening (the core gave up after one try, e.g. ``timeout=0``, and abandons only
-        fair claims and writers) -- delete its node, so it cannot block the lock. (A
-        listening claim is looked after: unlisten() gives it up.)"""
-        if claim.owner in self._waiters:
-            return
-        token = object()
-        claim.state["asked"] = token
-        asyncio.get_running_loop().call_later(UNATTENDED, self._check_unattended, claim, token)
-
-    def _check_unattended(self, claim: Claim, token: object) -> None:
-        if (claim.state.get("asked") is token and claim.owner not in self._waiters
-                and isinstance(claim.state.get("path"), str) and not self._closed
-                and claim.owner not in self._abandoned):
-            path = claim.state["path"]
-            self._unwatch(claim)
-            self._forget_node(claim)  # asked again later, it takes a new place
-            self._spawn(self._delete_quietly(path))  # type: ignore[arg-type]
-
-    async def _delete_quietly(self, path: str) -> None:
-        try:
-            async with asyncio.timeout(self._request_timeout):
-                await self._delete(path)
-        except Exception as exc:  # its session's end removes it at the latest
-            log.debug("deleting unattended ZooKeeper node %s failed: %s", path, exc)
-
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
         parent = self._parent(name)
         async with self._bounded("an inspect"):
-            nodes = _family_nodes(await self._children(parent), kind)
+            # nodes of claims given up here whose deletion is still under way are nobody's
+            nodes = [n for n in _family_nodes(await self._children(parent), kind)
+                     if n.owner not in self._abandoned]
             if not nodes:
                 return LockInfo(name, False)
             first = await self._get(f"{parent}/{nodes[0].name}", watch=False)
