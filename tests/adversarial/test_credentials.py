@@ -97,10 +97,12 @@ async def test_right_password_works(password_redis: PasswordRedis, how: str) -> 
 async def test_unreachable_url_with_password_not_shown(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     async with asyncio.timeout(15):
-        with pytest.raises(aiolock.BackendUnavailable) as info:
-            async with aiolock.connect(f"redis://user:{SECRET}@127.0.0.1:1/0", connect_timeout=1):
-                pass
-    _no_secret(_chain(info.value))
+        for url in (f"redis://user:{SECRET}@127.0.0.1:1/0",
+                    f"zookeeper://alice:{SECRET}@127.0.0.1:1/x"):
+            with pytest.raises(aiolock.BackendUnavailable) as info:
+                async with aiolock.connect(url, connect_timeout=1):
+                    pass
+            _no_secret(_chain(info.value))
     _no_secret(caplog.text)
 
 
@@ -142,7 +144,8 @@ async def test_subscription_refused_surfaces_to_waiter(acl_redis: PasswordRedis)
                                  f"redis://127.0.0.1:1/0?password={SECRET}",
                                  f"redlock://:{SECRET}@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
                                  f"postgresql://u:{SECRET}@127.0.0.1:1/db",
-                                 f"redis+sentinel://:{SECRET}@127.0.0.1:1/m"])
+                                 f"redis+sentinel://:{SECRET}@127.0.0.1:1/m",
+                                 f"zookeeper://alice:{SECRET}@127.0.0.1:1/x"])
 async def test_locks_url_hides_password(url: str) -> None:
     """README: no password appears in an error, a log line or ``locks.url``."""
     locks = aiolock.connect(url, connect_timeout=1)

@@ -146,6 +146,14 @@ async def test_acl_strangers_cannot_delete_or_take(zk_server: ZooKeeperServer) -
                     await them.lock("res", ttl=6).acquire(timeout=0.3)
                 info = await them.status("res")  # reading stays possible
                 assert info.held
+                # a name of their own under alice's chroot: theirs, or AccessDenied
+                try:
+                    async with asyncio.timeout(5):
+                        own = await them.lock("theirs", ttl=6).acquire(timeout=1)
+                except aiolock.AccessDenied:
+                    pass
+                else:
+                    await own.release()
         assert not lease.lost
         await lease.release()
 
