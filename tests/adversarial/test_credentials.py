@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 import aiolock
 
@@ -112,6 +113,7 @@ async def test_unreachable_url_with_password_not_shown(caplog: pytest.LogCapture
     f"redis://u:{SECRET}@127.0.0.1:1/0?bogus=1",
     f"redis+cluster://u:{SECRET}@127.0.0.1:1?bogus=1",
     f"redlock://u:{SECRET}@127.0.0.1:1?bogus=1",
+    f"redlock://u:{SECRET}@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?bogus=1",
     f"memcached://u:{SECRET}@127.0.0.1:1?bogus=1",
     f"postgresql://u:{SECRET}@127.0.0.1:1/db?bogus=1",
     f"redis+nope://u:{SECRET}@127.0.0.1:1/0",
@@ -310,3 +312,28 @@ async def test_postgres_unknown_database(request: pytest.FixtureRequest) -> None
                 await locks.lock("x").acquire(timeout=0)
     _no_secret(_chain(info.value))
     assert "nodb_" in str(info.value), str(info.value)
+
+
+async def test_scripting_off_is_honoured() -> None:
+    """SPEC §6: ``?scripting=off`` runs lock() as WATCH/MULTI/EXEC transactions: the
+    server must see no script at all (an ignored option would go unnoticed otherwise)."""
+    server = PasswordRedis().start()
+    try:
+        async with asyncio.timeout(20), aiolock.connect(f"{server.url}?scripting=off") as locks:
+            name = f"s-{uuid.uuid4().hex}"
+            first = await locks.lock(name, ttl=5).acquire()
+            with pytest.raises(aiolock.LockTimeout):
+                await asyncio.create_task(locks.lock(name, ttl=5).acquire(timeout=0))
+            await first.release()
+            second = await locks.lock(name, ttl=5).acquire(timeout=1)
+            assert second.token > first.token
+            await second.release()
+        admin = redis.Redis(port=server.port, decode_responses=True)
+        try:
+            stats = admin.info("commandstats")
+        finally:
+            admin.close()
+        scripts = {k: v for k, v in stats.items() if "eval" in k or "script" in k or "fcall" in k}
+        assert not scripts, f"scripting=off still ran scripts: {scripts}"
+    finally:
+        server.close()

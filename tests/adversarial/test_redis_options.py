@@ -21,6 +21,7 @@ from .conftest import SECRET
 from .servers import PasswordRedis, TLSRedis
 
 DEAD = "127.0.0.1:1"  # nothing listens: a backend that connects eagerly fails fast
+TRIO = "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"
 
 
 async def _refused(target: str, **options: Any) -> ValueError:
@@ -35,7 +36,7 @@ async def _refused(target: str, **options: Any) -> ValueError:
 
 @pytest.mark.parametrize("url", [
     f"redis://{DEAD}/0", f"rediss://{DEAD}/0", f"redis+cluster://{DEAD}",
-    f"redis+sentinel://{DEAD}/mymaster", f"redlock://{DEAD},{DEAD},{DEAD}",
+    f"redis+sentinel://{DEAD}/mymaster", f"redlock://{TRIO}",
 ])
 async def test_misspelled_keyword_refused_naming_it(url: str) -> None:
     err = await _refused(url, conect_timeout=1)
@@ -46,7 +47,7 @@ async def test_misspelled_keyword_refused_naming_it(url: str) -> None:
 @pytest.mark.parametrize("url", [
     f"redis://{DEAD}/0?conect_timeout=1", f"redis://{DEAD}/0?ssl_certs_reqs=none",
     f"rediss://{DEAD}/0?ssl_ca_cert=/x.pem", f"redis+cluster://{DEAD}?bogus=1",
-    f"redlock://{DEAD},{DEAD},{DEAD}?drift_factr=0.1",
+    f"redlock://{TRIO}?drift_factr=0.1",
     "postgresql://u@127.0.0.1:1/db?mod=row", "zookeeper://127.0.0.1:1/x?session_timout=3",
     "memcached://127.0.0.1:1?timeout=1", "memory://?x=1",
 ])
