@@ -39,3 +39,17 @@ def tls_redis() -> Iterator[TLSRedis]:
     server = TLSRedis().start()
     yield server
     server.close()
+
+
+# Defects these tests found that are still open: test id (as pytest shows it, without the
+# file) -> the one-line symptom. Each is marked xfail(strict=True), so the suite stays
+# green, the defect stays visible, and a fix turns the entry into an error to delete.
+KNOWN_DEFECTS: dict[str, str] = {
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        reason = KNOWN_DEFECTS.get(item.name)
+        if reason is not None and "adversarial" in item.nodeid:
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
