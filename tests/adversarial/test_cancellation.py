@@ -404,3 +404,30 @@ async def test_cancelled_waiter_leaves_no_place(pair: tuple[aiolock.Locks, aiolo
         took = time.monotonic() - t0
         await lease.release()
         assert took < 0.5, f"cancelled after {steps} steps: next {kind} waited {took:.2f}s"
+
+
+@pytest.mark.parametrize("wait", [0, 0.05, "cancel"])
+async def test_abandoned_writer_does_not_block_readers(
+        pair: tuple[aiolock.Locks, aiolock.Locks], wait: float | str) -> None:
+    """Readers hold; a writer tries and gives up (one try, a short timeout, or is
+    cancelled): new readers must not queue behind the writer that is gone."""
+    a, b = pair
+    name = f"r-{uuid.uuid4().hex}"
+    reader = await a.rwlock(name, ttl=2).read().acquire()
+    if wait == "cancel":
+        task = asyncio.create_task(b.rwlock(name, ttl=2).write().acquire())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    else:
+        assert isinstance(wait, (int, float))
+        with pytest.raises(aiolock.LockTimeout):
+            await b.rwlock(name, ttl=2).write().acquire(timeout=wait)
+    t0 = time.monotonic()
+    async with asyncio.timeout(10):
+        second = await b.rwlock(name, ttl=2).read().acquire()
+    took = time.monotonic() - t0
+    await second.release()
+    await reader.release()
+    assert took < 0.25, f"a new reader waited {took:.2f}s behind a writer that gave up"
