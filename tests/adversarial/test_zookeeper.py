@@ -172,3 +172,15 @@ async def test_acl_wrong_password_for_same_user(zk_server: ZooKeeperServer) -> N
             second = await again.lock("r", ttl=6).acquire(timeout=2)
             assert second.token > lease.token
             await second.release()
+
+
+@pytest.mark.parametrize("url", ["zookeeper://a:b@127.0.0.1:1/x?acl=closed",
+                                 "zookeeper://127.0.0.1:1/x?acl=",
+                                 "zookeeper://a:b@127.0.0.1:1/x?acl=open&acl=creator"])
+async def test_bad_acl_option_refused(url: str) -> None:
+    async with asyncio.timeout(10):
+        with pytest.raises(ValueError) as info:
+            async with aiolock.connect(url, connect_timeout=1):
+                pass
+    assert "acl" in str(info.value)
+    assert ":b@" not in str(info.value)
