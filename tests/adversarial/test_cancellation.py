@@ -25,10 +25,14 @@ from ..zk_server import ZooKeeperServer
 SEED = int(os.environ.get("ADV_SEED", str(random.randrange(1 << 30))))
 
 
-@pytest.fixture(params=["redis", "zookeeper"])
+@pytest.fixture(params=os.environ.get("ADV_BACKENDS", "redis,zookeeper").split(","))
 async def url(request: pytest.FixtureRequest) -> str:
     if request.param == "redis":
         return str(request.getfixturevalue("redis_server").url)
+    if request.param == "memcached":
+        return str(request.getfixturevalue("memcached_server").url)
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_server").url)
     zk: ZooKeeperServer = request.getfixturevalue("zk_server")
     return f"zookeeper://{zk.hosts}/adv-{uuid.uuid4().hex[:8]}"
 
