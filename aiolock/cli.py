@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=None,
                      help="seconds to wait for the lock (default: forever)")
     run.add_argument("name", help="lock name")
-    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    run.add_argument("cmd", nargs="*", help="-- COMMAND [ARGS...]")
     status = sub.add_parser("status", help="show who holds a lock")
     status.add_argument("--url", help=url_help)
     status.add_argument("name", help="lock name")
@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="seconds to wait for the leadership (default: forever)")
     elect.add_argument("--data", default="", help="the leader's data (e.g. host:port)")
     elect.add_argument("name", help="election name")
-    elect.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    elect.add_argument("cmd", nargs="*", help="-- COMMAND [ARGS...]")
     ls = sub.add_parser("ls", help="list held names with holders, tokens, time left")
     ls.add_argument("--url", help=url_help)
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -82,7 +82,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``aiolock`` console script."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # everything after the first '--' is the command, options before it may come in any
+    # order (``aiolock elect NAME --data X -- CMD``)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    if cut < len(argv):
+        args.cmd = [*getattr(args, "cmd", []), *argv[cut + 1:]]
     try:
         if args.command == "demo":
             from .demo import run_demo
@@ -98,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(list_held(url, args.prefix, as_json=args.json))
         if args.command == "revoke":
             return asyncio.run(revoke(url, args.name))
-        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        cmd = args.cmd
         if not cmd:
             parser.error(f"{args.command}: give the command after '--', e.g. "
                          f"aiolock {args.command} NAME -- make deploy")

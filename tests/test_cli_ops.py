@@ -59,3 +59,12 @@ def test_elect_and_ls_usage_errors() -> None:
     done = _cli("elect", "--url", "memory://", "--data", "x" * 2000, "sched", "--", "true")
     assert done.returncode == 2 and "data must be" in done.stderr
     assert EXIT_NOT_ACQUIRED == 75
+
+
+def test_options_after_the_name_are_options() -> None:
+    done = _cli("elect", "--url", "memory://", "sched", "--data", "me:1", "--ttl", "5", "--",
+                sys.executable, "-c", "raise SystemExit(5)")
+    assert done.returncode == 5, done.stderr
+    done = _cli("run", "--url", "memory://", "job", "--ttl", "5", "--",
+                sys.executable, "-c", "import sys; raise SystemExit(len(sys.argv))", "--", "x")
+    assert done.returncode == 3, done.stderr  # the command's own '--' reaches it

@@ -55,7 +55,8 @@ def url(request: pytest.FixtureRequest) -> str:
 
 
 def test_every_example_is_tested() -> None:
-    tested = {"web_handler.py", "worker_pool.py", "task_coordination.py"}
+    tested = {"web_handler.py", "worker_pool.py", "task_coordination.py",
+              "leader_scheduler.py"}  # the last in tests/test_leader_example.py (PostgreSQL)
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
 

@@ -18,7 +18,7 @@ pytest.importorskip("asyncpg")
 import asyncpg
 
 import aiolock
-from aiolock.backends.postgres import _SCHEMA
+from aiolock.backends.postgres import _SCHEMA, MIGRATE_SQL
 
 from .pg_server import PostgresServer, find_pg_bin
 
@@ -32,17 +32,34 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON aiolock_tokens, aiolock_holders, aiolock
 """
 
 
-async def _role(pg: PostgresServer, grants: str) -> str:
+#: The tables as aiolock made them before holder records (no info, since, key columns).
+OLD_SCHEMA = _SCHEMA.replace("    info text,\n    since timestamptz,\n    key bigint,\n", "")
+
+
+async def _role(pg: PostgresServer, grants: str, *, database: str | None = None,
+                schema: str = _SCHEMA) -> str:
     role = f"app_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(pg.url)
+    db = database or pg.database
+    admin = await asyncpg.connect(pg.url.rpartition("/")[0] + "/" + db)
     try:
-        await admin.execute(_SCHEMA)
+        await admin.execute(schema)
         await admin.execute(f"CREATE ROLE {role} LOGIN")
         await admin.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
-        await admin.execute(grants.format(db=pg.database, role=role))
+        await admin.execute(grants.format(db=db, role=role))
     finally:
         await admin.close()
-    return f"postgresql://{role}@127.0.0.1:{pg.port}/{pg.database}"
+    return f"postgresql://{role}@127.0.0.1:{pg.port}/{db}"
+
+
+async def _database(pg: PostgresServer) -> str:
+    """A fresh database (its public schema has no aiolock tables yet)."""
+    db = f"db_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(pg.url)
+    try:
+        await admin.execute(f"CREATE DATABASE {db}")
+    finally:
+        await admin.close()
+    return db
 
 
 @pytest.mark.parametrize("mode", ["advisory", "row"])
@@ -70,6 +87,19 @@ async def test_every_primitive_under_the_documented_grants(
             sem = a.semaphore(name, limit=2)
             async with sem, b.semaphore(name, limit=2):
                 assert (await a.status(name, aiolock.Kind.PERMIT)).holders == 2
+            # coordination: holder records, listing, revocation, elections
+            async with a.lock(name, ttl=2, data="mine"):
+                assert [h.data for h in (await b.status(name)).held_by] == ["mine"]
+                assert [i.name async for i in b.scan(name)] == [name]
+                assert await b.lock(name).force_release() is True
+            election = a.election(name, ttl=2)
+            async with election.campaign(data="lead") as term:
+                await term.proclaim("lead-2")
+                leader = await b.election(name).leader()
+                assert leader is not None and leader.data == "lead-2"
+        else:
+            async with a.lock(name, ttl=2, data="mine"):
+                assert [h.data for h in (await b.status(name)).held_by] == ["mine"]
 
 
 async def test_one_privilege_less_is_access_denied(postgres_server: PostgresServer) -> None:
@@ -79,3 +109,37 @@ async def test_one_privilege_less_is_access_denied(postgres_server: PostgresServ
         with pytest.raises(aiolock.AccessDenied, match="aiolock_tokens") as info:
             await asyncio.wait_for(locks.lock("denied").acquire(timeout=1), 10)
     assert isinstance(info.value, PermissionError)
+
+
+async def test_an_old_holders_table_is_migrated_by_its_owner(postgres_server: PostgresServer) -> None:
+    """Tables from before holder records: the owner's first connection adds the columns."""
+    db = await _database(postgres_server)
+    url = postgres_server.url.rpartition("/")[0] + "/" + db
+    admin = await asyncpg.connect(url)
+    try:
+        assert OLD_SCHEMA != _SCHEMA
+        await admin.execute(OLD_SCHEMA)
+        await admin.execute("INSERT INTO aiolock_tokens VALUES ('old', 'lock', 7)")
+    finally:
+        await admin.close()
+    async with aiolock.connect(url) as locks, locks.lock("old", ttl=2, data="new") as lease:
+        assert lease.token == 8  # the old tokens are kept
+        assert [h.data for h in (await locks.status("old")).held_by] == ["new"]
+
+
+async def test_an_old_holders_table_under_least_privileges_names_the_migration(
+    postgres_server: PostgresServer,
+) -> None:
+    db = await _database(postgres_server)
+    url = await _role(postgres_server, GRANTS, database=db, schema=OLD_SCHEMA)
+    with pytest.raises(aiolock.AccessDenied) as info:  # at connect: it checks the tables
+        async with aiolock.connect(url) as locks:
+            await asyncio.wait_for(locks.lock("old").acquire(timeout=1), 10)
+    assert MIGRATE_SQL in str(info.value) and "older aiolock" in str(info.value)
+    admin = await asyncpg.connect(postgres_server.url.rpartition("/")[0] + "/" + db)
+    try:
+        await admin.execute(MIGRATE_SQL)  # what the message says to run
+    finally:
+        await admin.close()
+    async with aiolock.connect(url) as locks, locks.lock("old", ttl=2, data="ok"):
+        assert [h.data for h in (await locks.status("old")).held_by] == ["ok"]

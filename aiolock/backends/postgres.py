@@ -27,11 +27,40 @@ How it works
   are not starved**. Semaphore waiters cannot queue for "any slot": a release sends
   ``NOTIFY aiolock_sem`` (one ``LISTEN`` connection per backend carries them), and since
   a dead holder sends nothing they also retry every ``poll_interval`` (default 0.5 s).
+* **Holder records** (``Capability.HOLDERS``): the grant statement also writes the
+  claim's record (``Claim.info``), the grant time on the server's clock and the advisory
+  key into its ``aiolock_holders`` row -- no extra round trip. ``inspect()`` lists, in
+  ``held_by``, every row whose session holds the lock (each reader, each permit), with
+  ``since`` from the server's clock. Tables made by an older aiolock get the new columns
+  (:data:`MIGRATE_SQL`) from their owner's first connection; under least privileges that
+  is :class:`aiolock.AccessDenied` at connect, naming the statement to run.
+* **Listing** (``Capability.SCAN``): one plain ``SELECT`` of the holder rows whose session
+  holds the advisory lock (joined with ``pg_locks``), names matched with ``LIKE`` (the
+  prefix's ``%``, ``_`` and ``!`` escaped). It locks no row and blocks no writer.
+* **Revocation** (``Capability.REVOKE``): ``force_release`` deletes the holder rows of the
+  name's family; each holder's next renewal (within ``ttl/3``) finds its row gone, answers
+  ``REVOKED``, and the holder unlocks on its connection as the core abandons the lease.
+  Sessions are **not** terminated (``pg_terminate_backend`` needs the holder's role or
+  ``pg_signal_backend``, and would hide the reason): a revoked holder that is paused keeps
+  the advisory lock until its ``idle_session_timeout`` (``ttl``) ends its session. Tokens
+  live in ``aiolock_tokens``, untouched: they keep increasing.
+* **Elections** (``Capability.ELECTION``): the leadership is an exclusive advisory lock
+  in family ``"elect"``; candidates queue on the server (first come, first served), the
+  term is the token. A grant of the leadership ``NOTIFY``s in its grant statement, as do
+  ``set_info`` (``proclaim``), a release and a revocation, on the channel semaphores use:
+  observers are woken through the backend's one ``LISTEN`` connection (re-opened by
+  itself if it drops), and read the leader with ``inspect()``. A dead leader sends
+  nothing, but its successor's grant does.
 * **Row mode** (``?mode=row``, :class:`PostgresRowBackend`): the ``SELECT ... FOR UPDATE``
   row lock of the design notes. The claim's connection holds a transaction open on one
   row of ``aiolock_rows`` (``FOR UPDATE NOWAIT`` to try, plain ``FOR UPDATE`` to wait);
   server expiry is ``idle_in_transaction_session_timeout``. Mutex only (no rwlock or
-  semaphore), tokens committed on a second connection.
+  semaphore), tokens committed on a second connection. It keeps holder records
+  (``HOLDERS``), but offers no ``SCAN`` (a row lock is not in ``pg_locks``: telling held
+  from free takes a locking probe per name, which would make a concurrent ``NOWAIT``
+  try fail), no ``REVOKE`` (not built: its renewals would have to look for their holder
+  row, and telling live rows from stale ones takes that same probe), and no ``ELECTION``
+  (mutex only).
 
 Guarantees and limits
 ---------------------
@@ -72,7 +101,19 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
+from .._holder import Holder, decode_holder
+from ..abc import (
+    FAMILY_KIND,
+    REVOKED,
+    Backend,
+    Busy,
+    Capability,
+    Claim,
+    Granted,
+    Kind,
+    LockInfo,
+    Waiter,
+)
 from ..errors import AccessDenied, BackendUnavailable, LockError
 
 try:
@@ -109,6 +150,9 @@ CREATE TABLE IF NOT EXISTS aiolock_holders (
     token bigint NOT NULL,
     pid integer NOT NULL,
     expires_at timestamptz NOT NULL,
+    info text,
+    since timestamptz,
+    key bigint,
     PRIMARY KEY (family, name, owner)
 );
 CREATE TABLE IF NOT EXISTS aiolock_rows (
@@ -118,15 +162,28 @@ CREATE TABLE IF NOT EXISTS aiolock_rows (
 );
 """
 
-#: True when every table of :data:`_SCHEMA` exists on the search path.
+#: Brings an ``aiolock_holders`` made by aiolock before holder records up to date (the
+#: table's owner must run it; :data:`_SCHEMA` alone does not change an existing table).
+MIGRATE_SQL = (
+    "ALTER TABLE aiolock_holders ADD COLUMN IF NOT EXISTS info text,"
+    " ADD COLUMN IF NOT EXISTS since timestamptz, ADD COLUMN IF NOT EXISTS key bigint;"
+)
+
+#: ``(tables, columns)``: every table of :data:`_SCHEMA` exists on the search path, and
+#: ``aiolock_holders`` has the columns :data:`MIGRATE_SQL` adds.
 _TABLES_PRESENT = """
 SELECT to_regclass('aiolock_tokens') IS NOT NULL AND to_regclass('aiolock_holders') IS NOT NULL
-   AND to_regclass('aiolock_rows') IS NOT NULL
+   AND to_regclass('aiolock_rows') IS NOT NULL AS tables,
+   (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass('aiolock_holders')
+     AND attname IN ('info', 'since', 'key') AND NOT attisdropped) = 3 AS columns
 """
 
-#: Record the grant: bump the token, note the holder, start the server-side expiry.
+#: Record the grant: bump the token, note the holder (its record ``$8`` and the grant
+#: time on the server clock), start the server-side expiry, and for an election's leader
+#: NOTIFY its observers -- all in the statement that takes the lock (no extra round trip).
 #: ``$1`` family, ``$2`` name, ``$3`` owner, ``$4`` kind, ``$5`` ttl ms, ``$6`` the
-#: timeout setting to arm (idle_session_timeout, or the in-transaction one in row mode).
+#: timeout setting to arm (idle_session_timeout, or the in-transaction one in row mode),
+#: ``$8`` the holder record (``Claim.info``).
 _GRANT_CTES = """
 t AS (
     INSERT INTO aiolock_tokens AS t (name, family, token)
@@ -139,16 +196,21 @@ gone AS (
     WHERE family = $1 AND name = $2 AND expires_at < clock_timestamp() - interval '1 minute'
 ),
 h AS (
-    INSERT INTO aiolock_holders AS h (family, name, owner, kind, token, pid, expires_at)
+    INSERT INTO aiolock_holders AS h (family, name, owner, kind, token, pid, expires_at, info,
+                                      since, key)
     SELECT $1, $2, $3, $4, t.token, pg_backend_pid(),
-           clock_timestamp() + $5::bigint * interval '1 millisecond'
-    FROM t
+           clock_timestamp() + $5::bigint * interval '1 millisecond', $8::text, clock_timestamp(),
+           l.k
+    FROM t CROSS JOIN l
     ON CONFLICT (family, name, owner) DO UPDATE
-        SET token = excluded.token, pid = excluded.pid, expires_at = excluded.expires_at
+        SET token = excluded.token, pid = excluded.pid, expires_at = excluded.expires_at,
+            info = excluded.info, since = excluded.since, key = excluded.key
     RETURNING h.token
 )
 SELECT l.ok, l.k, (SELECT token FROM h) AS token,
-       CASE WHEN l.ok AND $6 <> '' THEN set_config($6, $5::bigint::text, false) END AS armed
+       CASE WHEN l.ok AND $6 <> '' THEN set_config($6, $5::bigint::text, false) END AS armed,
+       CASE WHEN l.ok AND $4 = 'leader' THEN pg_notify('""" + _CHANNEL + """', l.k::text)::text
+       END AS notified
 FROM l
 """
 
@@ -171,12 +233,15 @@ _TRY_SLOTS = (
 #: Record a grant already held by this session (after a blocking wait, or in row mode).
 _GRANT_HELD = "WITH l AS MATERIALIZED (SELECT true AS ok, $7::bigint AS k)," + _GRANT_CTES
 
+#: Extend a held claim; ``kept`` is false when its holder row is gone: an operator
+#: revoked it (``force_release`` deletes the rows of the holders it revokes).
 _RENEW = """
 WITH u AS (
     UPDATE aiolock_holders SET expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
     WHERE family = $1 AND name = $2 AND owner = $3
+    RETURNING 1
 )
-SELECT set_config($5, $4::bigint::text, false)
+SELECT set_config($5, $4::bigint::text, false), EXISTS (SELECT 1 FROM u) AS kept
 """
 
 _FORGET_HOLDER = "DELETE FROM aiolock_holders WHERE family = $1 AND name = $2 AND owner = $3"
@@ -196,10 +261,57 @@ WHERE l.locktype = 'advisory' AND l.objsubid = 1
 
 _INSPECT_ROWS = """
 SELECT (SELECT token FROM aiolock_tokens WHERE family = $1 AND name = $2) AS last,
-       h.owner, h.kind, h.token, h.pid,
-       extract(epoch FROM h.expires_at - clock_timestamp()) AS left_s
+       h.owner, h.kind, h.token, h.pid, h.info,
+       extract(epoch FROM h.expires_at - clock_timestamp()) AS left_s,
+       extract(epoch FROM clock_timestamp() - h.since) AS since_s
 FROM (SELECT 1) AS one
 LEFT JOIN aiolock_holders h ON h.family = $1 AND h.name = $2
+ORDER BY h.token
+"""
+
+#: True where session ``pid`` holds the advisory lock ``key`` (any key: a row from before
+#: the ``key`` column). A plain read of ``pg_locks``: it blocks no one.
+_HOLDS = """EXISTS (
+    SELECT 1 FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = {pid}
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND ({key} IS NULL OR ((l.classid::bigint << 32) | l.objid::bigint) = {key}))"""
+
+#: ``scan``: every holder row whose session really holds its advisory lock, for names
+#: ``LIKE $1`` (the prefix with ``!``, ``%`` and ``_`` escaped), with the name's last token
+#: and how many wait on the server for the holder's key. Plain SELECTs: no row is locked.
+_SCAN = """
+SELECT h.family, h.name, h.kind, h.token, h.info,
+       extract(epoch FROM h.expires_at - clock_timestamp()) AS left_s,
+       extract(epoch FROM clock_timestamp() - h.since) AS since_s,
+       (SELECT t.token FROM aiolock_tokens t WHERE t.family = h.family AND t.name = h.name) AS last,
+       (SELECT count(*) FROM pg_locks w
+        WHERE w.locktype = 'advisory' AND NOT w.granted AND w.objsubid = 1
+          AND ((w.classid::bigint << 32) | w.objid::bigint) = h.key) AS waiting
+FROM aiolock_holders h
+WHERE h.name LIKE $1 ESCAPE '!' AND """ + _HOLDS.format(pid="h.pid", key="h.key") + """
+ORDER BY h.name, h.family, h.token
+"""
+
+#: ``force_release``: delete every holder row of ``$1``/``$2`` (each holder's next renewal
+#: then finds its row gone: revoked), counting those whose session held the lock; NOTIFY
+#: ``$3`` (the name's signal key, for elections and semaphores) when it is not null.
+_REVOKE = """
+WITH d AS (
+    DELETE FROM aiolock_holders h WHERE h.family = $1 AND h.name = $2 RETURNING h.pid, h.key
+)
+SELECT (SELECT count(*) FROM d WHERE """ + _HOLDS.format(pid="d.pid", key="d.key") + """) AS live,
+       CASE WHEN $3::text IS NOT NULL THEN pg_notify('""" + _CHANNEL + """', $3::text)::text
+       END AS notified
+"""
+
+#: ``set_info`` (an elected leader's ``proclaim``): replace the record, NOTIFY observers.
+_SET_INFO = """
+WITH u AS (
+    UPDATE aiolock_holders SET info = $4 WHERE family = $1 AND name = $2 AND owner = $3
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM u) AS kept, pg_notify('""" + _CHANNEL + """', $5::text)::text
 """
 
 
@@ -208,6 +320,21 @@ def advisory_key(family: str, name: str, slot: int | None = None) -> int:
     text = f"{family}\0{name}" if slot is None else f"{family}\0{name}\0{slot}"
     digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
+
+
+def _signal_key(kind: Kind, name: str) -> int | None:
+    """The NOTIFY payload key of ``name``'s releases (semaphores) and of its leadership
+    changes (elections); None for the kinds whose waiters queue on the server."""
+    if kind is Kind.PERMIT:
+        return advisory_key("sem", name)
+    if kind is Kind.LEADER:
+        return advisory_key("elect", name)
+    return None
+
+
+def _escape_like(prefix: str) -> str:
+    """``prefix`` as a ``LIKE ... ESCAPE '!'`` pattern matching names that start with it."""
+    return prefix.replace("!", "!!").replace("%", "!%").replace("_", "!_") + "%"
 
 
 def _asyncpg() -> Any:
@@ -368,7 +495,8 @@ class PostgresBackend(Backend):
     schemes: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
-         Capability.EXPIRY, Capability.DISTRIBUTED}
+         Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS, Capability.SCAN,
+         Capability.REVOKE, Capability.ELECTION}
     )
     #: the session setting that makes the server end a holder that stops renewing
     _expiry_setting: ClassVar[str] = "idle_session_timeout"
@@ -395,6 +523,7 @@ class PostgresBackend(Backend):
         self._signals: dict[int, set[Waiter]] = {}
         self._listener: Any = None
         self._listener_lock = asyncio.Lock()
+        self._relisten_task: asyncio.Task[None] | None = None
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> PostgresBackend:
@@ -477,15 +606,26 @@ class PostgresBackend(Backend):
                 return
             async with self._guard():
                 # tables made by an administrator need no CREATE privilege (least privilege)
-                present = await conn.fetchval(_TABLES_PRESENT)
-            if not present:
-                async with self._guard(), conn.transaction():
-                    # serialize concurrent CREATE ... IF NOT EXISTS across processes
-                    await conn.execute(
-                        "SELECT pg_advisory_xact_lock($1::bigint)",
-                        advisory_key("", _SCHEMA_KEY_TEXT),
-                    )
-                    await conn.execute(_SCHEMA)
+                present = await conn.fetchrow(_TABLES_PRESENT)
+            if not (present["tables"] and present["columns"]):
+                try:
+                    async with self._guard(), conn.transaction():
+                        # serialize concurrent CREATE ... IF NOT EXISTS across processes
+                        await conn.execute(
+                            "SELECT pg_advisory_xact_lock($1::bigint)",
+                            advisory_key("", _SCHEMA_KEY_TEXT),
+                        )
+                        if not present["tables"]:
+                            await conn.execute(_SCHEMA)
+                        await conn.execute(MIGRATE_SQL)
+                except AccessDenied as exc:
+                    if not present["tables"]:
+                        raise
+                    raise AccessDenied(
+                        f"PostgreSQL at {self._url}: the table aiolock_holders was made by an "
+                        "older aiolock and lacks the holder-record columns, and this user may not "
+                        f"alter it; its owner (an administrator) must run once: {MIGRATE_SQL}"
+                    ) from exc
             self._schema_ready = True
 
     @contextlib.asynccontextmanager
@@ -541,9 +681,10 @@ class PostgresBackend(Backend):
             claim.state["pg"] = st
         return st
 
-    def _args(self, claim: Claim) -> tuple[Any, ...]:
+    def _args(self, claim: Claim, key: int | list[int]) -> tuple[Any, ...]:
+        """The parameters of the grant statements (see :data:`_GRANT_CTES`)."""
         return (claim.kind.family, claim.name, claim.owner, claim.kind.value, claim.ttl_ms,
-                self._expiry_setting)
+                self._expiry_setting, key, claim.info)
 
     # -- single-attempt primitives ----------------------------------------------------------
 
@@ -610,7 +751,7 @@ class PostgresBackend(Backend):
             sql = _TRY_SHARED if claim.kind is Kind.READ else _TRY_EXCLUSIVE
             key = st.keys[0]  # type: ignore[assignment]
         async with self._guard():
-            row = await conn.fetchrow(sql, *self._args(claim), key)
+            row = await conn.fetchrow(sql, *self._args(claim, key))
         if not row["ok"]:
             return False
         st.key, st.token = int(row["k"]), int(row["token"])
@@ -633,7 +774,7 @@ class PostgresBackend(Backend):
                     key, self._expiry_setting, claim.ttl_ms,
                 )
             async with self._guard():
-                row = await conn.fetchrow(_GRANT_HELD, *self._args(claim), key)
+                row = await conn.fetchrow(_GRANT_HELD, *self._args(claim, key))
             result = (conn, key, int(row["token"]))
         except BaseException as exc:
             await self._wait_failed(conn, claim, st, exc)
@@ -670,6 +811,9 @@ class PostgresBackend(Backend):
     async def _confirm(self, claim: Claim, st: _State) -> Granted | Busy:
         """A claim granted earlier (e.g. by its wait): restart its expiry, give it out."""
         ms = await self._renew_one(claim, st)
+        if ms == REVOKED:  # revoked before we could take it: give it back, ask again
+            await self._cleanup(claim, st)
+            ms = None
         if ms is None:
             return Busy(0.001)  # the grant died before we could take it: ask again
         return Granted(st.token, ms)
@@ -689,18 +833,21 @@ class PostgresBackend(Backend):
                 self._pool.discard(conn)
                 return None
             try:
-                await self._renew_statement(conn, claim)
+                kept = await self._renew_statement(conn, claim)
             except LockError:
                 # dead, or too slow to trust: drop the connection, so the server frees it
                 st.conn = None
                 self._pool.discard(conn)
                 return None
-            return claim.ttl_ms
+            # revoked: the connection stays with the claim until abandon() unlocks it
+            return claim.ttl_ms if kept else REVOKED
 
-    async def _renew_statement(self, conn: Any, claim: Claim) -> None:
+    async def _renew_statement(self, conn: Any, claim: Claim) -> bool:
+        """Extend on the claim's session; False if its holder row was revoked."""
         async with self._guard():
-            await conn.execute(_RENEW, claim.kind.family, claim.name, claim.owner, claim.ttl_ms,
-                               self._expiry_setting)
+            row = await conn.fetchrow(_RENEW, claim.kind.family, claim.name, claim.owner,
+                                      claim.ttl_ms, self._expiry_setting)
+        return bool(row["kept"])
 
     async def release(self, claim: Claim) -> bool:
         st = self._state(claim)
@@ -732,9 +879,9 @@ class PostgresBackend(Backend):
         async with self._guard():
             await conn.execute(_UNLOCK_ALL)
             await conn.execute(_FORGET_HOLDER, claim.kind.family, claim.name, claim.owner)
-            if claim.kind is Kind.PERMIT:
-                await conn.execute("SELECT pg_notify($1, $2)", _CHANNEL,
-                                   str(advisory_key("sem", claim.name)))
+            signal = _signal_key(claim.kind, claim.name)
+            if signal is not None:
+                await conn.execute("SELECT pg_notify($1, $2)", _CHANNEL, str(signal))
 
     async def abandon(self, claim: Claim) -> None:
         st = self._state(claim)
@@ -775,10 +922,13 @@ class PostgresBackend(Backend):
 
     async def listen(self, name: str, kind: Kind, waiter: Waiter) -> None:
         """Locks and rwlocks wait in the server's lock queue (started by the next
-        ``try_acquire``); semaphore waiters get ``NOTIFY`` on each release."""
+        ``try_acquire``); semaphore waiters get ``NOTIFY`` on each release; an election's
+        listeners (candidates and observers) on each grant, proclaim, release and
+        revocation of its leadership. One ``LISTEN`` connection carries them all."""
         self._state(waiter.claim).waiter = waiter
-        if kind is Kind.PERMIT:
-            self._signals.setdefault(advisory_key("sem", name), set()).add(waiter)
+        signal = _signal_key(kind, name)
+        if signal is not None:
+            self._signals.setdefault(signal, set()).add(waiter)
             try:
                 await self._ensure_listener()
             except BaseException:
@@ -789,8 +939,8 @@ class PostgresBackend(Backend):
         st = self._state(waiter.claim)
         if st.waiter is waiter:
             st.waiter = None
-        if kind is Kind.PERMIT:
-            key = advisory_key("sem", name)
+        key = _signal_key(kind, name)
+        if key is not None:
             waiters = self._signals.get(key)
             if waiters is not None:
                 waiters.discard(waiter)
@@ -824,13 +974,33 @@ class PostgresBackend(Backend):
             waiter.wake()
 
     def _on_listener_lost(self, conn: Any) -> None:
-        # signals may have been missed: every semaphore waiter asks again (the next
-        # listen() reconnects)
+        # signals may have been missed: every listener looks again, and LISTEN is
+        # re-opened for them (an election's observer never calls listen() again)
         if self._listener is conn:
             self._listener = None
+        self._wake_all()
+        if self._signals and not self._closed and (
+            self._relisten_task is None or self._relisten_task.done()
+        ):
+            self._relisten_task = self._spawn(self._relisten())
+
+    def _wake_all(self) -> None:
         for waiters in list(self._signals.values()):
             for waiter in list(waiters):
                 waiter.wake()
+
+    async def _relisten(self) -> None:
+        """Re-open the LISTEN connection while anyone listens, retrying every
+        ``poll_interval``; then wake everyone (signals sent meanwhile were missed)."""
+        while self._signals and not self._closed:
+            try:
+                await self._ensure_listener()
+            except LockError as exc:
+                log.warning("cannot re-open LISTEN on %s: %s", self._url, exc)
+                await asyncio.sleep(self._poll)
+                continue
+            self._wake_all()
+            return
 
     async def _drop_wait(self, claim: Claim, st: _State) -> None:
         wait, st.wait = st.wait, None
@@ -858,7 +1028,7 @@ class PostgresBackend(Backend):
             self._pool.discard(conn)
             raise
         self._pool.put(conn)
-        return _info(name, locks, rows)
+        return _info(name, family, locks, rows)
 
     async def _inspect_sem(self, name: str) -> LockInfo:
         # the limit is not stored: count the holder rows whose sessions hold a slot lock
@@ -880,7 +1050,69 @@ class PostgresBackend(Backend):
         last = rows[0]["last"] if rows else None
         lefts = [float(r["left_s"]) for r in mine]
         return LockInfo(name, bool(mine), holders=len(mine), last_token=last,
-                        ttl_left=max(lefts) if lefts else None)
+                        ttl_left=max(lefts) if lefts else None,
+                        held_by=tuple(_holder(r) for r in mine), family="sem")
+
+    async def _query(self, sql: str, *args: Any) -> list[Any]:
+        """One statement on a pooled connection (a plain read, or a short write)."""
+        conn = await self._pool.get()
+        try:
+            async with self._guard():
+                rows = await conn.fetch(sql, *args)
+        except BaseException:
+            self._pool.discard(conn)
+            raise
+        self._pool.put(conn)
+        return list(rows)
+
+    async def set_info(self, claim: Claim) -> bool:
+        """Replace the held claim's holder record and NOTIFY the name's listeners; on the
+        claim's own session, so it also restarts that session's expiry timer."""
+        st = self._state(claim)
+        signal = _signal_key(claim.kind, claim.name)
+        async with st.mutex:
+            conn = st.conn
+            if conn is None or st.abandoned or conn.is_closed():
+                return False
+            try:
+                async with self._guard():
+                    row = await conn.fetchrow(
+                        _SET_INFO, claim.kind.family, claim.name, claim.owner, claim.info,
+                        None if signal is None else str(signal),
+                    )
+            except LockError:
+                st.conn = None
+                self._pool.discard(conn)
+                return False
+            return bool(row["kept"])
+
+    async def force_release(self, name: str, kind: Kind = Kind.LOCK) -> bool:
+        """Revoke every holder of ``name`` in ``kind``'s family: their holder rows are
+        deleted, so each holder's next renewal (within ``ttl/3``) answers "revoked" and it
+        unlocks. Sessions are not terminated: a holder that does not renew (paused) keeps
+        the advisory lock until its ``idle_session_timeout`` (``ttl``) ends the session."""
+        signal = _signal_key(kind, name)
+        rows = await self._query(_REVOKE, kind.family, name, None if signal is None else str(signal))
+        return bool(rows and rows[0]["live"])
+
+    async def scan(self, prefix: str = "") -> AsyncIterator[LockInfo]:
+        """Every name held now (holder rows whose session holds the advisory lock), in
+        name order; one plain SELECT over ``aiolock_holders`` and ``pg_locks``."""
+        rows = await self._query(_SCAN, _escape_like(prefix))
+        groups: dict[tuple[str, str], list[Any]] = {}
+        for row in rows:
+            groups.setdefault((row["name"], row["family"]), []).append(row)
+        for (name, family), mine in groups.items():
+            if family not in FAMILY_KIND:
+                continue  # a family this aiolock does not know (a newer version's)
+            exclusive = [r for r in mine if r["kind"] in _EXCLUSIVE_KINDS]
+            lefts = [max(float(r["left_s"]), 0.0) for r in mine]
+            yield LockInfo(
+                name, True, holders=len(mine),
+                token=exclusive[0]["token"] if exclusive else None, last_token=mine[0]["last"],
+                ttl_left=max(lefts), waiters=max(int(r["waiting"]) for r in mine),
+                held_by=tuple(_holder(r) for r in mine), family=family,
+            )
 
     async def aclose(self) -> None:
         if self._closed:
@@ -898,18 +1130,28 @@ class PostgresBackend(Backend):
         await self._pool.aclose()
 
 
-def _info(name: str, locks: Sequence[Any], rows: Sequence[Any]) -> LockInfo:
+_EXCLUSIVE_KINDS = frozenset(k.value for k in Kind if k.exclusive)
+
+
+def _holder(row: Any) -> Holder:
+    """A holder row's record, ``since`` on the server's clock (unknown for older rows)."""
+    since = row["since_s"]
+    return decode_holder(row["info"], None if since is None else float(since))
+
+
+def _info(name: str, family: str, locks: Sequence[Any], rows: Sequence[Any]) -> LockInfo:
     holding = {r["pid"]: r["mode"] for r in locks if r["granted"]}
     waiting = sum(1 for r in locks if not r["granted"])
     last = rows[0]["last"] if rows else None
     mine = [r for r in rows if r["pid"] is not None and r["pid"] in holding]
     if not holding:
-        return LockInfo(name, False, last_token=last, waiters=waiting)
-    exclusive = [r for r in mine if r["kind"] in (Kind.LOCK.value, Kind.WRITE.value)]
+        return LockInfo(name, False, last_token=last, waiters=waiting, family=family)
+    exclusive = [r for r in mine if r["kind"] in _EXCLUSIVE_KINDS]
     lefts = [max(float(r["left_s"]), 0.0) for r in mine]
     return LockInfo(
         name, True, holders=len(holding), token=exclusive[0]["token"] if exclusive else None,
         last_token=last, ttl_left=max(lefts) if lefts else None, waiters=waiting,
+        held_by=tuple(_holder(r) for r in mine), family=family,
     )
 
 
@@ -930,7 +1172,7 @@ class PostgresRowBackend(PostgresBackend):
     """
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED}
+        {Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS}
     )
     _expiry_setting: ClassVar[str] = "idle_in_transaction_session_timeout"
 
@@ -963,7 +1205,7 @@ class PostgresRowBackend(PostgresBackend):
             async with self._guard():
                 row = await conn.fetchrow(
                     _GRANT_HELD, claim.kind.family, claim.name, claim.owner, claim.kind.value,
-                    claim.ttl_ms, "", st.keys[0],
+                    claim.ttl_ms, "", st.keys[0], claim.info,
                 )
         except BaseException:
             self._pool.discard(conn)
@@ -999,7 +1241,7 @@ class PostgresRowBackend(PostgresBackend):
         self._wake(st)
         return result
 
-    async def _renew_statement(self, conn: Any, claim: Claim) -> None:
+    async def _renew_statement(self, conn: Any, claim: Claim) -> bool:
         async with self._guard():
             if not conn.is_in_transaction():
                 raise LockError("the row lock's transaction ended")
@@ -1007,6 +1249,7 @@ class PostgresRowBackend(PostgresBackend):
                 "SELECT set_config('idle_in_transaction_session_timeout', $1::bigint::text, true)",
                 claim.ttl_ms,
             )
+        return True  # no revocation in row mode (REVOKE is not offered)
 
     async def _unlock(self, conn: Any, claim: Claim) -> None:
         async with self._guard():
@@ -1044,7 +1287,10 @@ class PostgresRowBackend(PostgresBackend):
             return LockInfo(name, False, last_token=last)
         live = [r for r in rows if r["owner"] is not None and float(r["left_s"]) > 0]
         best = max(live, key=lambda r: r["token"]) if live else None
+        # the holder is the latest grant (rows come by token; the row lock's renewals do
+        # not commit, so its expiry column is not kept up to date)
         return LockInfo(
             name, True, holders=1, token=best["token"] if best else last, last_token=last,
             ttl_left=float(best["left_s"]) if best else None,
+            held_by=tuple(_holder(r) for r in rows[-1:] if r["owner"] is not None),
         )

@@ -1,0 +1,95 @@
+"""Uncontended acquisitions/s on PostgreSQL: this tree vs another (e.g. main before holder
+records), in the same run, alternating (and which goes first), on a private server
+(tests/pg_server.py).
+
+    python benchmarks/pg_holder_cost.py --baseline /work/main [--runs 3] [--seconds 3]
+
+Each pass is a subprocess with ``PYTHONPATH`` set to one tree, timing ``acquire`` +
+``release`` of one lock (with a 40-character ``data`` record) on its own database, so
+both trees start from the same table state. Prints each pass and the median and range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+
+PASS = """
+import asyncio, sys, time
+import aiolock
+
+async def main() -> None:
+    url, seconds = sys.argv[1], float(sys.argv[2])
+    async with aiolock.connect(url) as locks:
+        lock = locks.lock("bench", ttl=10, data="x" * 40)
+        for _ in range(50):  # warm up: connections, prepared statements
+            await (await lock.acquire()).release()
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            await (await lock.acquire()).release()
+            n += 1
+        print(n / (time.perf_counter() - start))
+
+asyncio.run(main())
+"""
+
+
+def one_pass(tree: str, url: str, seconds: float) -> float:
+    env = dict(os.environ, PYTHONPATH=tree)
+    out = subprocess.run([sys.executable, "-c", PASS, url, str(seconds)], env=env, cwd=tree,
+                         capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
+
+
+async def make_databases(url: str, names: list[str]) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        for name in names:
+            await conn.execute(f"CREATE DATABASE {name}")
+    finally:
+        await conn.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--baseline", required=True, help="the other tree (a checkout of main)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    args = parser.parse_args()
+    sys.path.insert(0, str(HERE))
+    from tests.pg_server import PostgresServer
+
+    server = PostgresServer().start()
+    try:
+        base = server.url.rpartition("/")[0]
+        asyncio.run(make_databases(server.url, ["bench_base", "bench_this"]))
+        trees = {"baseline": (args.baseline, f"{base}/bench_base"),
+                 "this": (str(HERE), f"{base}/bench_this")}
+        results: dict[str, list[float]] = {k: [] for k in trees}
+        for i in range(args.runs):
+            order = list(trees.items())
+            for label, (tree, url) in order if i % 2 == 0 else order[::-1]:  # no order bias
+                rate = one_pass(tree, url, args.seconds)
+                results[label].append(rate)
+                print(f"run {i + 1} {label:8} {rate:8.0f} acquisitions/s", flush=True)
+        for label, rates in results.items():
+            print(f"{label:8} median {statistics.median(rates):.0f}/s, "
+                  f"range {min(rates):.0f}-{max(rates):.0f}")
+        cost = 1 - statistics.median(results["this"]) / statistics.median(results["baseline"])
+        print(f"cost of this tree vs baseline (medians): {cost:+.1%}")
+    finally:
+        server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
