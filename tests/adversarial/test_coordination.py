@@ -17,10 +17,12 @@ from aiolock import Capability
 from ..zk_server import ZooKeeperServer
 
 
-@pytest.fixture(params=["memory", "redis", "zookeeper"])
+@pytest.fixture(params=["memory", "redis", "zookeeper", "postgres"])
 def url(request: pytest.FixtureRequest) -> str:
     if request.param == "memory":
         return f"memory://adv-{uuid.uuid4().hex[:8]}"
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_server").url)
     if request.param == "redis":
         return str(request.getfixturevalue("redis_server").url)
     zk: ZooKeeperServer = request.getfixturevalue("zk_server")
