@@ -81,11 +81,3 @@ def test_run_bad_numbers_one_line(args: list[str]) -> None:
                           capture_output=True, text=True, env=_env(), timeout=60)
     assert done.returncode == 2, (done.returncode, done.stderr)  # README: 2 = usage
     assert "Traceback" not in done.stderr, done.stderr
-
-
-def test_run_without_url_says_so() -> None:
-    done = subprocess.run([*CLI, "run", "x", "--", "true"],
-                          capture_output=True, text=True, env=_env(), timeout=60)
-    assert done.returncode != 0
-    assert "Traceback" not in done.stderr
-    assert "AIOLOCK_URL" in done.stderr and "--url" in done.stderr, done.stderr
