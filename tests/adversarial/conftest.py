@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from .servers import PasswordRedis, TLSRedis
 
 SECRET = "s3cr3t-Pa55w0rd-xyz"
+
+
+async def ended(task: asyncio.Task[Any], within: float = 10.0) -> None:
+    """Wait until ``task`` (just cancelled) has finished; fail, not hang, if it does not."""
+    await asyncio.wait([task], timeout=within)
+    assert task.done(), f"a cancelled task still runs after {within} s"
 
 # an ACL user allowed everything but scripting, and one allowed exactly nothing useful
 ACL_USERS = [

@@ -21,6 +21,7 @@ import pytest
 import aiolock
 
 from ..zk_server import ZooKeeperServer
+from .conftest import ended
 
 SEED = int(os.environ.get("ADV_SEED", str(random.randrange(1 << 30))))
 
@@ -141,6 +142,7 @@ async def test_cancel_inside_body_releases(pair: tuple[aiolock.Locks, aiolock.Lo
     task = asyncio.create_task(body())
     await asyncio.sleep(0.2)
     task.cancel()
+    await ended(task)
     with pytest.raises(asyncio.CancelledError):
         await task
     await _free_now(b, "lock", name)
@@ -272,7 +274,7 @@ async def test_child_tasks_keep_the_lease(pair: tuple[aiolock.Locks, aiolock.Loc
 async def test_anyio_cancel_scope_around_body(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
     a, b = pair
     name = f"a-{uuid.uuid4().hex}"
-    with anyio.move_on_after(0.3) as scope:
+    with anyio.fail_after(15), anyio.move_on_after(0.3) as scope:
         async with a.lock(name, ttl=5):
             await anyio.sleep(10)
     assert scope.cancelled_caught
@@ -283,10 +285,11 @@ async def test_anyio_cancel_scope_while_waiting(pair: tuple[aiolock.Locks, aiolo
     a, b = pair
     name = f"a-{uuid.uuid4().hex}"
     holder = await b.lock(name, ttl=5).acquire()
-    for _ in range(5):
-        with anyio.move_on_after(0.05):
-            async with a.lock(name, ttl=5):
-                raise AssertionError("got a held lock")
+    with anyio.fail_after(15):
+        for _ in range(5):
+            with anyio.move_on_after(0.05):
+                async with a.lock(name, ttl=5):
+                    raise AssertionError("got a held lock")
     await holder.release()
     await _free_now(a, "lock", name)
     assert (await a.status(name)).waiters == 0
@@ -314,11 +317,12 @@ async def test_anyio_task_group_workers(pair: tuple[aiolock.Locks, aiolock.Locks
     assert done == 12
 
     # cancel the whole group midway: nothing left held
-    async with anyio.create_task_group() as tg:
-        for i in range(12):
-            tg.start_soon(worker, (a, b)[i % 2])
-        await anyio.sleep(0.03)
-        tg.cancel_scope.cancel()
+    with anyio.fail_after(15):
+        async with anyio.create_task_group() as tg:
+            for i in range(12):
+                tg.start_soon(worker, (a, b)[i % 2])
+            await anyio.sleep(0.03)
+            tg.cancel_scope.cancel()
     await _free_now(b, "lock", name)
 
 
@@ -398,6 +402,7 @@ async def test_cancelled_waiter_leaves_no_place(pair: tuple[aiolock.Locks, aiolo
         for _ in range(steps):
             await asyncio.sleep(0)
         task.cancel()
+        await ended(task)
         try:
             lease = await task
         except asyncio.CancelledError:
@@ -425,6 +430,7 @@ async def test_abandoned_writer_does_not_block_readers(
         task = asyncio.create_task(b.rwlock(name, ttl=2).write().acquire())
         await asyncio.sleep(0.1)
         task.cancel()
+        await ended(task)
         with pytest.raises(asyncio.CancelledError):
             await task
     else:

@@ -15,6 +15,7 @@ import aiolock
 from aiolock import Capability
 
 from ..zk_server import ZooKeeperServer
+from .conftest import ended
 
 
 @pytest.fixture(params=["memory", "redis", "zookeeper", "postgres"])
@@ -156,6 +157,7 @@ async def test_cancelled_campaigns_leave_no_leader(pair: tuple[aiolock.Locks, ai
         if steps == 15:
             await holder.release()
         task.cancel()
+        await ended(task)
         try:
             term = await task
         except asyncio.CancelledError:
