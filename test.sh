@@ -5,7 +5,8 @@
 #   ./test.sh faults ...   the fault harness (tests/faults/) instead of pytest:
 #                          ./test.sh faults --quick | --long [--backends redis,zookeeper]
 # It creates .venv, installs aiolock with its test extras, installs Debian's
-# redis-server, zookeeper, postgresql and memcached if they are missing, and runs pytest. The tests start their own servers on
+# redis-server, zookeeper, postgresql, memcached and mariadb-server if they are missing, and
+# runs pytest. The tests start their own servers on
 # free loopback ports; nothing depends on a server started by hand.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -15,14 +16,15 @@ command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
 { command -v java >/dev/null 2>&1 && [ -f /usr/share/java/zookeeper.jar ]; } || need_pkgs+=(zookeeper)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_pkgs+=(postgresql)
 command -v memcached >/dev/null 2>&1 || need_pkgs+=(memcached)
+[ -x /usr/sbin/mariadbd ] || need_pkgs+=(mariadb-server)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "installing: ${need_pkgs[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
 fi
-# Debian's packages start a redis on 6379, a postgres on 5432 and a memcached on 11211 at
-# install; the tests never use them.
+# Debian's packages start a redis on 6379, a postgres on 5432, a memcached on 11211 and a
+# MariaDB on 3306 at install; the tests never use them.
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

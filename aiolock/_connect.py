@@ -27,6 +27,8 @@ SCHEMES: dict[str, tuple[str, str, str | None]] = {
     "redis+cluster": ("aiolock.backends.redis_cluster", "RedisClusterBackend", "redis"),
     "redis+sentinel": ("aiolock.backends.redis_sentinel", "RedisSentinelBackend", "redis"),
     "redlock": ("aiolock.backends.redlock", "RedlockBackend", "redis"),
+    "mysql": ("aiolock.backends.mysql", "MySQLBackend", "mysql"),
+    "mariadb": ("aiolock.backends.mysql", "MySQLBackend", "mysql"),
 }
 
 

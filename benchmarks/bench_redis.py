@@ -1,6 +1,6 @@
 """aiolock on Redis next to its peers, against one private redis-server, in one run.
 
-    .venv/bin/python benchmarks/bench_redis.py [--quick]
+    .venv/bin/python benchmarks/bench_redis.py [--quick] [--scale-only]
 
 (a) Uncontended acquire+release cycles per second, watchdog on where the library has
     one: the raw two-command floor (``SET key val NX PX 30000``, then a compare-and-delete
@@ -15,6 +15,10 @@
     exceed 1).
 (c) Watchdog scale: 10,000 aiolock leases held at once with ``ttl=3`` while the watchdog
     renews them; how many were lost and how many requests the renewals took.
+
+(d) Burst: 50,000 concurrent acquire+release of distinct names on one connection
+    (one ``aiolock.connect``), all started at once: acquisitions per second and errors
+    (there must be none: the pipelined connection bounds the requests in flight).
 
 (a) and (b) also run on ``memory://`` for aiolock alone, as a reference.
 
@@ -637,6 +641,40 @@ def print_watchdog(r: WatchdogResult) -> None:
         print(f"    {what:<48}{value}")
 
 
+@dataclass
+class BurstResult:
+    acquisitions: int
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+async def bench_burst(server: RedisServer, n: int = 50_000) -> BurstResult:
+    res = BurstResult(n)
+    async with aiolock.connect(server.url) as locks:
+
+        async def one(i: int) -> None:
+            try:
+                lease = await locks.lock(f"bench:d:{i}", ttl=60).acquire(timeout=0)
+                await lease.release()
+            except Exception as exc:
+                res.errors.append(f"{type(exc).__name__}: {exc}")
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        res.seconds = time.perf_counter() - start
+    return res
+
+
+def print_burst(r: BurstResult, c: WatchdogResult | None) -> None:
+    print(f"\n(d) Burst: {r.acquisitions:,} concurrent acquire+release of distinct names, "
+          "one connection")
+    beside = (f"   [(c): {c.leases:,} leases acquired at {c.leases / c.acquire_s:,.0f}/s]"
+              if c is not None and c.acquire_s else "")
+    print(f"    {'acquisitions/s (acquire+release)':<48}{r.acquisitions / r.seconds:,.0f}"
+          f" in {r.seconds:.2f} s{beside}")
+    print(f"    {'errors':<48}{len(r.errors):,}" + (f" (first: {r.errors[0]})" if r.errors else ""))
+
+
 def environment(server: RedisServer) -> str:
     def version(dist: str) -> str:
         try:
@@ -661,13 +699,20 @@ def environment(server: RedisServer) -> str:
 # -- main ---------------------------------------------------------------------------------
 
 
-async def main(s: Settings) -> int:
+async def main(s: Settings, scale_only: bool = False) -> int:
     with RedisServer() as server:
         admin = aioredis.Redis.from_url(server.url)
         try:
             print(f"# {environment(server)}", flush=True)
             print(f"# private redis-server at {server.url}", flush=True)
             started = time.perf_counter()
+            if scale_only:  # (c) and (d) only
+                c = await bench_watchdog(server, admin, s)
+                d = await bench_burst(server)
+                print_watchdog(c)
+                print_burst(d, c)
+                print(f"# total {time.perf_counter() - started:.0f} s")
+                return 1 if c.error or c.lost or d.errors else 0
 
             uncontended = [
                 Uncontended("raw floor: SET NX PX + EVALSHA compare-del", floor_session),
@@ -699,10 +744,12 @@ async def main(s: Settings) -> int:
                 [Contended("aiolock memory:// (reference)", aiolock_contenders)], "memory://", s
             )
             c = await bench_watchdog(server, admin, s)
+            d = await bench_burst(server)
 
             print_uncontended(s, a_redis, a_memory)
             print_contended(s, b_redis + b_memory)
             print_watchdog(c)
+            print_burst(d, c)
             print("\nreq = requests (round trips) clients sent, counted with MONITOR in a "
                   "separate shorter pass;\nsrv cmds = INFO commandstats calls (an EVALSHA "
                   "counts 1 plus every command its script runs), timed pass,\nsetup included. "
@@ -714,6 +761,8 @@ async def main(s: Settings) -> int:
             failures += [r.label for r in b_redis + b_memory if r.tally and r.tally.violations]
             if c.error or c.lost:
                 failures.append("watchdog scale")
+            if d.errors:
+                failures.append("burst")
             if failures:
                 print(f"# PROBLEMS: {'; '.join(failures)}")
             return 1 if failures else 0
@@ -725,5 +774,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="shorter runs (2 s contention, 10 s watchdog hold)")
+    parser.add_argument("--scale-only", action="store_true",
+                        help="only (c) watchdog scale and (d) the 50,000-acquire burst")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(QUICK if args.quick else FULL)))
+    sys.exit(asyncio.run(main(QUICK if args.quick else FULL, args.scale_only)))

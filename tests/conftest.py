@@ -19,11 +19,13 @@ import aiolock
 from aiolock import Capability
 
 from .mc_server import MemcachedServer
+from .mysql_server import MariaDBServer
 from .pg_server import PostgresServer
 from .servers import RedisServer
 from .zk_server import ZooKeeperServer
 
-BACKENDS = ["memory", "redis", "zookeeper", "postgres", "postgres-row", "memcached"]
+BACKENDS = ["memory", "redis", "zookeeper", "postgres", "postgres-row", "memcached", "mysql",
+            "mysql-row"]
 # backends still being built join the suite as soon as their module exists
 BACKENDS += [
     param for param, module in (
@@ -51,6 +53,13 @@ def zk_server() -> Iterator[ZooKeeperServer]:
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     server = PostgresServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def mysql_server() -> Iterator[MariaDBServer]:
+    server = MariaDBServer().start()
     yield server
     server.close()
 
@@ -113,6 +122,9 @@ def backend_url(request: pytest.FixtureRequest) -> str:
     if request.param.startswith("postgres"):
         pg: PostgresServer = request.getfixturevalue("postgres_server")
         return pg.url + ("?mode=row" if request.param == "postgres-row" else "")
+    if request.param.startswith("mysql"):
+        my: MariaDBServer = request.getfixturevalue("mysql_server")
+        return my.url + ("?mode=row" if request.param == "mysql-row" else "")
     if request.param == "redis-cluster":
         return str(request.getfixturevalue("redis_cluster").url)
     if request.param == "redis-sentinel":

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -115,13 +116,17 @@ class ServerProcess:
 class RedisServer(ServerProcess):
     """A redis-server child process on a free loopback port."""
 
-    def __init__(self, *, appendonly: bool = False, port: int | None = None) -> None:
+    def __init__(
+        self, *, appendonly: bool = False, port: int | None = None, args: Sequence[str] = (),
+    ) -> None:
+        """``args``: more redis-server options (``--requirepass``, ``--aclfile``...)."""
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
         super().__init__(port=port, prefix="aiolock-redis-")
         self.exe = exe
         self.appendonly = appendonly
+        self.args = list(args)
 
     @property
     def url(self) -> str:
@@ -131,5 +136,62 @@ class RedisServer(ServerProcess):
         return [
             self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
             "--save", "", "--appendonly", "yes" if self.appendonly else "no",
-            "--logfile", str(self.dir / "redis.log"), "--daemonize", "no",
+            "--logfile", str(self.dir / "redis.log"), "--daemonize", "no", *self.args,
         ]
+
+
+def make_tls_files(directory: Path) -> dict[str, str]:
+    """A private CA, a server certificate for 127.0.0.1 / localhost and a client
+    certificate, made with the ``openssl`` CLI; a second, unrelated CA (``other_ca``).
+    Returns the paths by name: ca, ca_key, server_cert, server_key, client_cert,
+    client_key, client_key_encrypted (password ``key-pw``), other_ca."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RuntimeError("the openssl CLI is not installed")
+    d = directory
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], check=True, capture_output=True)
+
+    files = {name: str(d / name) for name in (
+        "ca.pem", "ca.key", "server.pem", "server.key", "client.pem", "client.key",
+        "other_ca.pem", "other_ca.key", "san.cnf")}
+    for ca in ("ca", "other_ca"):
+        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-subj", f"/CN=aiolock test {ca}", "-keyout", files[f"{ca}.key"],
+            "-out", files[f"{ca}.pem"])
+    Path(files["san.cnf"]).write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for who, cn in (("server", "localhost"), ("client", "aiolock client")):
+        csr = str(d / f"{who}.csr")
+        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={cn}",
+            "-keyout", files[f"{who}.key"], "-out", csr)
+        run("x509", "-req", "-in", csr, "-CA", files["ca.pem"], "-CAkey", files["ca.key"],
+            "-CAcreateserial", "-days", "2", "-out", files[f"{who}.pem"],
+            *(("-extfile", files["san.cnf"]) if who == "server" else ()))
+    enc = str(d / "client_enc.key")  # the client key encrypted, password "key-pw"
+    run("pkey", "-in", files["client.key"], "-aes256", "-passout", "pass:key-pw", "-out", enc)
+    return {"ca": files["ca.pem"], "ca_key": files["ca.key"], "server_cert": files["server.pem"],
+            "client_key_encrypted": enc,
+            "server_key": files["server.key"], "client_cert": files["client.pem"],
+            "client_key": files["client.key"], "other_ca": files["other_ca.pem"]}
+
+
+class TlsRedisServer(RedisServer):
+    """redis-server speaking only TLS (``--port 0 --tls-port``), requiring client
+    certificates signed by a private CA it makes (:attr:`tls`: the file paths)."""
+
+    def __init__(self, *, args: Sequence[str] = (), tls: dict[str, str] | None = None) -> None:
+        """``tls``: the files of another TlsRedisServer, to share its CA and certificates."""
+        super().__init__(args=args)
+        self.tls = tls or make_tls_files(self.dir)
+
+    @property
+    def url(self) -> str:
+        return f"rediss://127.0.0.1:{self.port}/0"
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        cmd[cmd.index("--port") + 1] = "0"
+        return [*cmd, "--tls-port", str(self.port), "--tls-cert-file", self.tls["server_cert"],
+                "--tls-key-file", self.tls["server_key"], "--tls-ca-cert-file", self.tls["ca"],
+                "--tls-auth-clients", "yes"]

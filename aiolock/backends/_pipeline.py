@@ -9,8 +9,10 @@ commands written later (the core's early wake-up relies on it, see
 still read and dropped in turn, so a cancellation never makes another caller read the
 wrong reply.
 
-Every request is bounded: if the oldest unanswered request is older than the request
-timeout, the connection is aborted and every pending request fails with
+At most ``MAX_IN_FLIGHT`` requests are written and unanswered at once; later ones wait
+in the client, in order, and are written as replies come in (backpressure). Every
+written request is bounded: if the oldest unanswered request was written longer than
+the request timeout ago, the connection is aborted and every pending request fails with
 :class:`TimeoutError`; a dropped connection fails them with :class:`ConnectionError`.
 The next call reconnects within the connect timeout. A request written on a connection
 that turns out dead is sent once more on a fresh one (callers make their requests safe
@@ -34,12 +36,19 @@ _generations = itertools.count(1)
 P = TypeVar("P", bound="PipelinedProtocol")
 
 
+#: Requests written and not yet answered, at most, per connection; later ones wait in
+#: the client, in order, and are written as replies come back (backpressure: the
+#: request timeout then measures the server, not time queued behind a burst).
+MAX_IN_FLIGHT = 512
+
+
 @dataclass(slots=True, eq=False)
 class _Request:
     expected: int  # replies to collect
     fut: asyncio.Future[list[Any]]
-    sent: float
+    sent: float  # when written (monotonic)
     replies: list[Any] = field(default_factory=list)
+    data: bytes = b""  # while queued, not yet written
 
 
 class PipelinedProtocol(asyncio.Protocol):
@@ -54,6 +63,8 @@ class PipelinedProtocol(asyncio.Protocol):
         self._timeout = timeout
         self._transport: asyncio.Transport | None = None
         self._pending: collections.deque[_Request] = collections.deque()
+        self._queued: collections.deque[_Request] = collections.deque()  # not written yet
+        self.max_in_flight = MAX_IN_FLIGHT
         self._timer: asyncio.TimerHandle | None = None
         self.closed: BaseException | None = None
 
@@ -70,14 +81,32 @@ class PipelinedProtocol(asyncio.Protocol):
             self._pending.popleft()
             if not req.fut.done():
                 req.fut.set_exception(reply)
-            return
-        # in a request of several commands an error reply is one of its replies (its
-        # caller looks at each): the replies after it still belong to this request
-        req.replies.append(reply)
-        if len(req.replies) == req.expected:
+        else:
+            # in a request of several commands an error reply is one of its replies (its
+            # caller looks at each): the replies after it still belong to this request
+            req.replies.append(reply)
+            if len(req.replies) < req.expected:
+                return
             self._pending.popleft()
             if not req.fut.done():  # its caller was cancelled: drop the replies, stay in step
                 req.fut.set_result(req.replies)
+        if self._queued:
+            self._write_queued()
+
+    def _write_queued(self) -> None:
+        """Write queued requests, in order, while fewer than max_in_flight are out."""
+        assert self._transport is not None
+        now = time.monotonic()
+        while self._queued and len(self._pending) < self.max_in_flight:
+            req = self._queued.popleft()
+            # written even if its caller was cancelled meanwhile: callers count a request
+            # as sent (ordered after earlier ones) once send() returned
+            self._transport.write(req.data)
+            req.data, req.sent = b"", now
+            self._pending.append(req)
+        if self._timer is None and self._pending:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self._timeout, self._check, loop)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(exc or ConnectionError(f"connection to {self.peer} closed"))
@@ -89,6 +118,10 @@ class PipelinedProtocol(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         timed_out = isinstance(exc, TimeoutError)
+        # queued ones were never written: they fail with the connection (a dropped one is
+        # retried by PipelinedClient.send on a fresh connection, a timed-out one is not)
+        self._pending.extend(self._queued)
+        self._queued.clear()
         while self._pending:
             req = self._pending.popleft()
             if not req.fut.done():  # a timeout is not retried (see PipelinedClient.send)
@@ -108,8 +141,11 @@ class PipelinedProtocol(asyncio.Protocol):
         """Write ``data`` (holding ``expected`` commands) now; the future gets the replies."""
         if self.closed is not None or self._transport is None:
             raise ConnectionError(f"connection to {self.peer} is closed")
-        self._transport.write(data)
         fut: asyncio.Future[list[Any]] = loop.create_future()
+        if self._queued or len(self._pending) >= self.max_in_flight:
+            self._queued.append(_Request(expected, fut, 0.0, data=data))
+            return fut
+        self._transport.write(data)
         self._pending.append(_Request(expected, fut, time.monotonic()))
         if self._timer is None:
             self._timer = loop.call_later(self._timeout, self._check, loop)

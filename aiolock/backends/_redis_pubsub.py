@@ -9,7 +9,8 @@ subscription for :data:`IDLE_UNSUBSCRIBE` seconds after the last waiter left, so
 handed from task to task does not resubscribe each time.
 
 A waiter only starts waiting once its subscription is confirmed, so a release after that
-is never missed while the connection is up. When the connection drops, every waiter is
+is never missed while the connection is up; a subscription that cannot be made fails its
+waiters (``BackendUnavailable``, ``AccessDenied``...). When the connection drops, every waiter is
 woken (to retry at once), the connection is re-established with backoff, and every
 waiter is woken again once its channel is confirmed anew; in between, waiters still
 retry at least once per holder's remaining lease.
@@ -25,6 +26,8 @@ from collections.abc import Coroutine
 from typing import Any
 
 from ..abc import Waiter
+from ..errors import AccessDenied
+from ._redis_errors import redis_error
 
 __all__ = ["IDLE_UNSUBSCRIBE", "Signals"]
 
@@ -76,11 +79,11 @@ class Signals:
                 if self._pubsub is None:
                     self._pubsub = self._new_pubsub()
                 await self._pubsub.subscribe(channel)
-        except Exception as exc:  # waiters still retry by their timers
-            log.warning("could not subscribe to %s: %s", channel, exc)
+        except Exception as exc:  # the waiters fail with it (the next listen tries again)
             fut = self._confirmed.pop(channel, None)
             if fut is not None and not fut.done():
-                fut.set_result(None)
+                fut.set_exception(redis_error(exc, "(pub/sub)", f"SUBSCRIBE {channel}"))
+                fut.add_done_callback(_retrieved)  # if every waiter already left
             return
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
@@ -118,6 +121,15 @@ class Signals:
             self._confirmed[channel] = loop.create_future()
             self._rewake.add(channel)
         self._wake_all()
+
+    def _refused(self, error: AccessDenied) -> None:
+        """The server refused a SUBSCRIBE (redis-py reads the reply in get_message): the
+        waiters of every channel not yet confirmed fail with it."""
+        for channel, fut in list(self._confirmed.items()):
+            if not fut.done():
+                del self._confirmed[channel]
+                fut.set_exception(error)
+                fut.add_done_callback(_retrieved)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -158,6 +170,12 @@ class Signals:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                refused = redis_error(exc, "(pub/sub)", "SUBSCRIBE")
+                if isinstance(refused, AccessDenied):  # NOPERM: a refusal, not a loss
+                    self._refused(refused)
+                    await asyncio.sleep(backoff)  # no busy loop if it keeps refusing
+                    backoff = min(backoff * 2, 1.0)
+                    continue
                 log.warning("pub/sub connection lost (%s); reconnecting", exc)
                 self._connection_lost()
                 await asyncio.sleep(backoff)
@@ -218,6 +236,11 @@ class Signals:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
         self._wake_all()
+
+
+def _retrieved(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _text(value: Any) -> str:

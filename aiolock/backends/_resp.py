@@ -2,14 +2,16 @@
 
 The connection machinery -- ordering, cancellation, timeouts, one retry on a fresh
 connection -- is :mod:`aiolock.backends._pipeline`; this module adds the parser and the
-handshake (AUTH, SELECT).
+handshake (AUTH, CLIENT SETNAME, SELECT); a refused handshake raises its
+:class:`ResponseError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import hiredis
@@ -53,35 +55,47 @@ class RespClient(PipelinedClient[_Protocol]):
         self, *, host: str = "localhost", port: int = 6379, path: str | None = None,
         db: int = 0, username: str | None = None, password: str | None = None,
         ssl_context: ssl.SSLContext | None = None, connect_timeout: float = 5.0,
-        request_timeout: float = 5.0,
+        request_timeout: float = 5.0, client_name: str | None = None, keepalive: bool = False,
+        keepalive_options: Mapping[int, int | bytes] | None = None,
     ) -> None:
         super().__init__(connect_timeout=connect_timeout, request_timeout=request_timeout)
         self._host, self._port, self._path = host, port, path
         self._db, self._username, self._password = db, username, password
         self._ssl = ssl_context
+        self._client_name = client_name
+        self._keepalive = keepalive
+        self._keepalive_options = dict(keepalive_options or {})
 
     async def _open(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
         proto = _Protocol(self._request_timeout)
         if self._path is not None:
             await loop.create_unix_connection(lambda: proto, self._path)
         else:
-            await loop.create_connection(lambda: proto, self._host, self._port, ssl=self._ssl)
+            transport, _ = await loop.create_connection(
+                lambda: proto, self._host, self._port, ssl=self._ssl)
+            if self._keepalive:  # as redis-py's socket_keepalive(_options)
+                sock = transport.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                for option, value in self._keepalive_options.items():
+                    sock.setsockopt(socket.SOL_TCP, option, value)
         setup: list[asyncio.Future[list[Any]]] = []
         if self._password is not None:
             auth = ["AUTH", self._password]
             if self._username:
                 auth.insert(1, self._username)
             setup.append(proto.send(_pack(*auth), loop))
+        if self._client_name:
+            setup.append(proto.send(_pack("CLIENT", "SETNAME", self._client_name), loop))
         if self._db:
             setup.append(proto.send(_pack("SELECT", self._db), loop))
         try:
             for fut in setup:
                 await fut
-        except ResponseError as exc:
+        except BaseException as exc:  # a refusal (NOAUTH, WRONGPASS...) is the caller's to map
             proto.abort(exc)
-            raise ConnectionError(f"Redis refused the connection setup: {exc}") from exc
-        except BaseException as exc:
-            proto.abort(exc)
+            for fut in setup:  # the others failed with it: nobody else will look
+                if fut.done() and not fut.cancelled():
+                    fut.exception()
             raise
         return proto
 

@@ -3,7 +3,9 @@
 One Lua script per primitive (see :mod:`aiolock.backends._redis_scripts`), run with
 EVALSHA and loaded again on NOSCRIPT; release signals over one pub/sub connection (see
 :mod:`aiolock.backends._redis_pubsub`). Built from a URL, the scripts run on one lean
-pipelined connection (:mod:`aiolock.backends._resp`) and pub/sub on ``redis.asyncio``;
+pipelined connection (:mod:`aiolock.backends._resp`) and pub/sub on ``redis.asyncio``,
+both with every option of the URL (:mod:`aiolock.backends._redis_options`; where the
+lean connection cannot honour one, the scripts go through ``redis.asyncio`` too);
 built from a ``redis.asyncio`` client you pass in, everything goes through that client.
 Keys are ``<prefix>:lock:{<name>}...`` where the name is escaped (``%``, ``{``, ``}``
 percent-encoded) so the braces form a cluster hash tag covering every key of one lock.
@@ -15,26 +17,27 @@ vanish: the watchdog then reports it lost at the next renewal, and the token cou
 ``appendonly yes`` and ``appendfsync always`` (the default ``everysec`` can lose the
 last second of acknowledged increments when the server is killed).
 
-Errors: connection failures and timeouts raise :class:`aiolock.BackendUnavailable`
-(the connect timeout and request timeout bound every call); other server errors raise
-:class:`aiolock.LockError`.
+Errors (see :mod:`aiolock.backends._redis_errors`): connection failures, timeouts and
+replies that mean "not now" (``LOADING``, ``READONLY``, ``BUSY``, ``MASTERDOWN``...) raise
+:class:`aiolock.BackendUnavailable` (the connect timeout and request timeout bound every
+call); refused credentials or ACL permissions raise :class:`aiolock.AccessDenied`; other
+server errors raise :class:`aiolock.LockError`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
-import redis.asyncio as aioredis
 from redis import exceptions as rexc
-from redis.asyncio.connection import SSLConnection, parse_url
 
 from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
-from ..errors import BackendUnavailable, LockError
+from ..errors import LockError
+from ._redis_errors import CONNECTING, redis_error
+from ._redis_options import resolve
 from ._redis_pubsub import Signals
 from ._redis_scripts import (
     ACQUIRE,
@@ -105,48 +108,35 @@ class RedisBackend(Backend):
 
     @classmethod
     def from_url(
-        cls, url: str, *, connect_timeout: float = 5.0, request_timeout: float = 5.0,
-        prefix: str = "aiolock", **redis_options: Any,
+        cls, url: str, *, connect_timeout: float | None = None,
+        request_timeout: float | None = None, prefix: str | None = None,
+        **redis_options: Any,
     ) -> RedisBackend:
         """``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS),
-        ``unix:///path/to/redis.sock?db=0``. Extra keyword arguments go to the
-        ``redis.asyncio`` client that carries pub/sub."""
-        for what, value in (("connect_timeout", connect_timeout), ("request_timeout", request_timeout)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{what} must be a number of seconds > 0, got {value!r}")
+        ``unix:///path/to/redis.sock?db=0``. Every other option ``redis.asyncio``
+        accepts for the URL (in its query or as a keyword: TLS files, credentials, a
+        credential provider, client name...) applies to every connection; an unknown
+        one raises ValueError (see :mod:`aiolock.backends._redis_options`)."""
         parts = urlsplit(url)
+        safe = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2], query=""))
         if parts.scheme in ("redis", "rediss"):
             if not parts.hostname:
-                raise ValueError(f"expected redis://host:port/db, got {url!r}")
+                raise ValueError(f"expected redis://host:port/db, got {safe!r}")
             try:
                 parts.port  # noqa: B018 -- validates the port
             except ValueError as exc:
-                raise ValueError(f"bad port in {url!r}: {exc}") from None
+                raise ValueError(f"bad port in {safe!r}: {exc}") from None
             db = parts.path.strip("/")
             if db and not db.isdigit():
-                raise ValueError(f"the database in {url!r} must be a number, got {db!r}")
+                raise ValueError(f"the database in {safe!r} must be a number, got {db!r}")
         elif not parts.path:
-            raise ValueError(f"expected unix:///path/to/redis.sock, got {url!r}")
-        try:
-            params = parse_url(url)
-        except ValueError as exc:
-            raise ValueError(f"bad Redis URL {url!r}: {exc}") from None
-        resp = RespClient(
-            host=params.get("host", "localhost"), port=int(params.get("port", 6379)),
-            path=params.get("path"), db=int(params.get("db", 0) or 0),
-            username=params.get("username"), password=params.get("password"),
-            ssl_context=(ssl.create_default_context()
-                         if params.get("connection_class") is SSLConnection else None),
-            connect_timeout=connect_timeout, request_timeout=request_timeout,
-        )
-        options: dict[str, Any] = dict(
-            socket_connect_timeout=connect_timeout, socket_timeout=request_timeout,
-        )
-        options.update(redis_options)
-        client = aioredis.Redis.from_url(url, **options)  # pub/sub only
-        safe = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-        return cls(client, prefix=prefix, request_timeout=request_timeout, url=safe,
-                   owns_client=True, resp=resp, connect_timeout=connect_timeout)
+            raise ValueError(f"expected unix:///path/to/redis.sock, got {safe!r}")
+        options = resolve(url, safe, redis_options, connect_timeout=connect_timeout,
+                          request_timeout=request_timeout, prefix=prefix)
+        client = options.client()  # pub/sub; and the scripts if the lean one cannot
+        return cls(client, prefix=options.prefix, request_timeout=options.request_timeout,
+                   url=safe, owns_client=True, resp=options.resp,
+                   connect_timeout=options.connect_timeout)
 
     @property
     def url(self) -> str:
@@ -190,12 +180,8 @@ class RedisBackend(Backend):
                     raise
                 await self._load_scripts(script)
                 return await call("EVALSHA", script.sha, len(keys), *keys, *args)
-        except (ConnectionError, TimeoutError, OSError, rexc.ConnectionError, rexc.TimeoutError) as exc:
-            raise BackendUnavailable(
-                f"Redis at {self._url} is unavailable ({type(exc).__name__}: {exc})"
-            ) from exc
-        except (ResponseError, rexc.RedisError) as exc:
-            raise LockError(f"Redis at {self._url} refused {script.name}: {exc}") from exc
+        except _ERRORS as exc:
+            raise redis_error(exc, self._url, script.name) from exc
 
     async def _load_scripts(self, script: Script | None = None) -> None:
         """Load every script, not only the missing one: the server lost them all at once
@@ -217,10 +203,8 @@ class RedisBackend(Backend):
                 await self._call("PING")
                 if self.ordered:
                     await self._load_scripts()  # now rather than at the first NOSCRIPT
-        except (ConnectionError, TimeoutError, OSError, rexc.ConnectionError, rexc.TimeoutError) as exc:
-            raise BackendUnavailable(
-                f"cannot reach Redis at {self._url} ({type(exc).__name__}: {exc})"
-            ) from exc
+        except _ERRORS as exc:
+            raise redis_error(exc, self._url, CONNECTING) from exc
 
     async def try_acquire(self, claim: Claim) -> Granted | Busy:
         if self.ordered or not (claim.fair or claim.kind is Kind.WRITE):
@@ -351,6 +335,10 @@ class RedisBackend(Backend):
             await self._client.aclose()
 
 
+#: What a Redis I/O call may raise (mapped by redis_error).
+_ERRORS: tuple[type[BaseException], ...] = (
+    ConnectionError, TimeoutError, OSError, ResponseError, rexc.RedisError,
+)
 _KIND = {Kind.READ: "r", Kind.WRITE: "w", Kind.PERMIT: "p"}
 
 

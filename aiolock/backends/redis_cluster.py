@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -67,6 +68,8 @@ from redis.crc import key_slot
 from .._validate import check_timeouts, credentials, format_hosts, parse_hosts
 from ..abc import Capability, Claim, Kind
 from ..errors import BackendUnavailable, LockError
+from ._redis_errors import CONNECTING, redis_error
+from ._redis_options import check_names, connection_options, query_options
 from ._redis_pubsub import Signals
 from ._redis_scripts import RENEW
 from ._resp import RespClient, ResponseError, _pack
@@ -168,16 +171,20 @@ class RedisClusterBackend(RedisBackend):
         self._cluster = cluster
         self._raw_call = self._cluster_call  # through _limited_call (see RedisBackend)
         self._direct: dict[tuple[str, int], RespClient] = {}  # see _renew_direct
+        self._direct_ok = True  # no option that our direct connections cannot honour
 
     @classmethod
     def from_url(
-        cls, url: str, *, connect_timeout: float = 5.0, request_timeout: float = 5.0,
-        prefix: str = "aiolock", **cluster_options: Any,
+        cls, url: str, *, connect_timeout: float | None = None,
+        request_timeout: float | None = None, prefix: str | None = None, **cluster_options: Any,
     ) -> RedisClusterBackend:
         """``redis+cluster://[[user]:password@]host:port[,host:port...]``: seed nodes
         (port 6379 if left out); any reachable one is enough to discover the cluster.
         Extra keyword arguments go to ``redis.asyncio.RedisCluster`` (e.g. ``ssl=True``
         for TLS; ``ssl*`` options are used for the pub/sub connection too)."""
+        connect_timeout = 5.0 if connect_timeout is None else connect_timeout
+        request_timeout = 5.0 if request_timeout is None else request_timeout
+        prefix = "aiolock" if prefix is None else prefix
         check_timeouts(connect_timeout=connect_timeout, request_timeout=request_timeout)
         scheme, sep, rest = url.partition("://")
         if scheme.lower() != "redis+cluster" or not sep:
@@ -187,11 +194,19 @@ class RedisClusterBackend(RedisBackend):
         path, _, query2 = tail.partition("?")
         if path.strip("/") not in ("", "0"):
             raise ValueError(f"a Redis Cluster has only database 0, got {url!r}")
-        if query or query2:
-            raise ValueError(f"redis+cluster:// takes no query options (pass keyword "
-                             f"arguments to connect() instead), got {url!r}")
         userinfo, _, hosts = netloc.rpartition("@")
         seeds = parse_hosts(url, hosts, 6379, "redis+cluster://host:port,host:port (port 1-65535)")
+        safe = "redis+cluster://" + ",".join(format_hosts(seeds))
+        # options in the query or as keywords (they win): a RedisCluster's, or one of
+        # its connections' (those apply to the pub/sub connection too)
+        given = {**query_options(query or query2, safe), **cluster_options}
+        node_level = connection_options()
+        cluster_level = set(inspect.signature(RedisCluster.__init__).parameters) - {
+            "self", "kwargs", "host", "port", "startup_nodes", "cluster_error_retry_attempts"}
+        check_names(given, {"connect_timeout", "request_timeout", "prefix",
+                            *node_level, *cluster_level}, safe)
+        if given.get("db") not in (None, 0):
+            raise ValueError(f"a Redis Cluster has only database 0, got db={given['db']!r}")
         auth = credentials(userinfo)
         options: dict[str, Any] = dict(
             socket_connect_timeout=connect_timeout, socket_timeout=request_timeout,
@@ -199,16 +214,23 @@ class RedisClusterBackend(RedisBackend):
             retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.25), 3),
             **auth,
         )
-        options.update(cluster_options)
-        cluster = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in seeds], **options)
+        options.update(given)
+        try:
+            cluster = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in seeds], **options)
+        except (rexc.RedisError, TypeError) as exc:  # a bad option value
+            raise ValueError(f"bad option for {safe}: {exc}") from None
         node_options: dict[str, Any] = dict(auth)
         node_options.update(socket_connect_timeout=connect_timeout, socket_timeout=request_timeout)
-        # TLS (ssl=True, ssl_ca_certs=...) applies to the pub/sub connection as well
-        node_options.update({k: v for k, v in cluster_options.items() if k.startswith("ssl")})
-        safe = "redis+cluster://" + ",".join(format_hosts(seeds))
-        return cls(cluster, prefix=prefix, request_timeout=request_timeout,
-                   connect_timeout=connect_timeout, url=safe, owns_client=True,
-                   node_options=node_options)
+        # every connection-level option (TLS, client name, credentials...) applies to the
+        # pub/sub connection as well
+        node_options.update({k: v for k, v in given.items() if k in node_level})
+        backend = cls(cluster, prefix=prefix, request_timeout=request_timeout,
+                      connect_timeout=connect_timeout, url=safe, owns_client=True,
+                      node_options=node_options)
+        # our direct renewal connections honour only these (see _direct_client)
+        backend._direct_ok = not (set(given) & node_level) - {
+            "username", "password", "decode_responses", "max_connections"}
+        return backend
 
     @property
     def cluster(self) -> RedisCluster:
@@ -239,9 +261,11 @@ class RedisClusterBackend(RedisBackend):
                 await self._cluster.initialize()
                 await self.signals.warm()
         except _CONNECT_ERRORS as exc:
-            raise BackendUnavailable(
-                f"cannot reach Redis Cluster at {self._url} ({type(exc).__name__}: {exc})"
-            ) from exc
+            error = redis_error(exc, self._url, CONNECTING)
+            if type(error) is LockError:  # the cluster's own "cannot be connected"...
+                error = BackendUnavailable(
+                    f"cannot reach Redis Cluster at {self._url} ({type(exc).__name__}: {exc})")
+            raise error from exc
 
     async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
         groups: dict[int, list[int]] = {}
@@ -263,7 +287,7 @@ class RedisClusterBackend(RedisBackend):
                     raise BackendUnavailable(
                         f"Redis Cluster at {self._url} is unavailable ({type(reply).__name__}: {reply})"
                     ) from reply
-                raise LockError(f"Redis Cluster at {self._url} refused renew: {reply}") from reply
+                raise redis_error(reply, self._url, "renew") from reply
             for i, ms in zip(group, reply, strict=True):
                 out[i] = int(ms) or None
         return out
@@ -326,7 +350,8 @@ class RedisClusterBackend(RedisBackend):
         client = self._direct.get(key)
         if client is None:
             kwargs = node.connection_kwargs
-            if node.connection_class is not Connection or kwargs.get("credential_provider"):
+            if (not self._direct_ok or node.connection_class is not Connection
+                    or kwargs.get("credential_provider")):
                 return None
             client = self._direct[key] = RespClient(
                 host=key[0], port=key[1], username=kwargs.get("username"),

@@ -9,7 +9,11 @@ with optional query options ``db=N``, ``password=...`` (instead of the userinfo;
 user and password are the master's, not the sentinels'), ``sentinel_username=...`` and
 ``sentinel_password=...`` (for sentinels that require AUTH). Sentinel port defaults to
 26379. Keyword options: ``connect_timeout``, ``request_timeout``, ``prefix`` (as for
-``redis://``), ``wait_replicas=N`` (see below); others go to the master client.
+``redis://``), ``wait_replicas=N`` (see below), ``sentinel_kwargs`` (a dict of
+connection options for the sentinels, e.g. TLS files); every other option of a
+``redis.asyncio`` connection (in the query or as a keyword: TLS, client name, credential
+provider...) applies to every connection to the master, the scripts' and pub/sub's; an
+unknown one raises ValueError.
 
 Following a failover: when the master changes, connections to the old one are closed
 (the sentinel kills client connections on the demoted server, and a ``READONLY``
@@ -73,7 +77,9 @@ from redis.backoff import NoBackoff
 
 from .._validate import check_timeouts, credentials, format_hosts, parse_hosts
 from ..abc import Busy, Capability, Claim, Granted
-from ..errors import BackendUnavailable, LockError
+from ..errors import BackendUnavailable
+from ._redis_errors import redis_error
+from ._redis_options import check_names, connection_options, query_options
 from ._redis_pubsub import Signals
 from ._redis_scripts import ACQUIRE, ACQUIRE_SHARED, RENEW, Script
 from .redis import RedisBackend
@@ -89,6 +95,7 @@ _QUERY = ("db", "password", "sentinel_username", "sentinel_password")
 _DOWN: tuple[type[BaseException], ...] = (
     ConnectionError, TimeoutError, OSError, rexc.ConnectionError, rexc.TimeoutError,
 )
+_ERRORS: tuple[type[BaseException], ...] = (*_DOWN, rexc.RedisError)
 
 
 class _SentinelSignals(Signals):
@@ -137,10 +144,14 @@ class RedisSentinelBackend(RedisBackend):
 
     @classmethod
     def from_url(
-        cls, url: str, *, connect_timeout: float = 5.0, request_timeout: float = 5.0,
-        prefix: str = "aiolock", wait_replicas: int = 0, **master_options: Any,
+        cls, url: str, *, connect_timeout: float | None = None,
+        request_timeout: float | None = None, prefix: str | None = None,
+        wait_replicas: int = 0, **master_options: Any,
     ) -> RedisSentinelBackend:
         """See the module doc for the URL and options."""
+        connect_timeout = 5.0 if connect_timeout is None else connect_timeout
+        request_timeout = 5.0 if request_timeout is None else request_timeout
+        prefix = "aiolock" if prefix is None else prefix
         check_timeouts(connect_timeout=connect_timeout, request_timeout=request_timeout)
         scheme, sep, rest = url.partition("://")
         if scheme.lower() != "redis+sentinel" or not sep:
@@ -153,11 +164,19 @@ class RedisSentinelBackend(RedisBackend):
                              f"got {url!r}")
         userinfo, _, hosts = netloc.rpartition("@")
         sentinels = parse_hosts(url, hosts, 26379, "redis+sentinel://host:port,host:port/service_name")
-        params = dict(parse_qsl(query, keep_blank_values=True))
-        unknown = sorted(set(params) - set(_QUERY))
-        if unknown:
-            raise ValueError(f"unknown option(s) {', '.join(unknown)} in {url!r}; "
-                             f"accepted: {', '.join(_QUERY)}")
+        safe = "redis+sentinel://" + ",".join(format_hosts(sentinels)) + f"/{service}"
+        # the query: ours (_QUERY) and any option of the master's connections (typed as
+        # redis-py types them); keywords: the same, keywords win
+        params = {k: v for k, v in parse_qsl(query, keep_blank_values=True) if k in _QUERY}
+        given = {**query_options("&".join(p for p in query.split("&")
+                                          if p.partition("=")[0] not in _QUERY), safe),
+                 **master_options}
+        extra_sentinel_kwargs = dict(given.pop("sentinel_kwargs", None) or {})
+        check_names({**params, **given}, {"connect_timeout", "request_timeout", "prefix",
+                                          "wait_replicas", *_QUERY, *connection_options()},
+                    safe)
+        check_names(extra_sentinel_kwargs, connection_options(), f"sentinel_kwargs of {safe}")
+        master_options = given
         auth = credentials(userinfo)
         if params.get("password"):
             if auth.get("password"):
@@ -181,8 +200,8 @@ class RedisSentinelBackend(RedisBackend):
             **auth,
         )
         options.update(master_options)
+        sentinel_kwargs.update(extra_sentinel_kwargs)
         sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
-        safe = "redis+sentinel://" + ",".join(format_hosts(sentinels)) + f"/{service}"
         return cls(sentinel, service, prefix=prefix, request_timeout=request_timeout,
                    connect_timeout=connect_timeout, wait_replicas=wait_replicas, url=safe,
                    owns_sentinel=True, **options)
@@ -250,12 +269,8 @@ class RedisSentinelBackend(RedisBackend):
             return await super()._run(script, keys, *args, on_retry=on_retry)
         try:
             reply, acked = await self._run_and_wait(script, keys, args)
-        except _DOWN as exc:
-            raise BackendUnavailable(
-                f"Redis at {self._url} is unavailable ({type(exc).__name__}: {exc})"
-            ) from exc
-        except rexc.RedisError as exc:
-            raise LockError(f"Redis at {self._url} refused {script.name}: {exc}") from exc
+        except _ERRORS as exc:
+            raise redis_error(exc, self._url, script.name) from exc
         wrote = script is RENEW or reply[0] == 1  # a busy reply needs no replication
         if wrote and acked < self._wait_replicas:
             raise BackendUnavailable(

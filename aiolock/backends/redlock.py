@@ -40,8 +40,9 @@ majority each (3 nodes, limit 2: three holders with two nodes each).
 
 Errors: every node request is bounded by the connect and request timeouts. A minority
 of nodes down (or slow) is tolerated; when a majority cannot answer, operations raise
-:class:`aiolock.BackendUnavailable` (a :class:`aiolock.LockError` if a node refused a
-script instead). ``abandon`` applies to every reachable node and raises only if fewer
+:class:`aiolock.BackendUnavailable` (:class:`aiolock.AccessDenied` if a node refused the
+credentials or a permission, a :class:`aiolock.LockError` if a node refused a script).
+``abandon`` applies to every reachable node and raises only if fewer
 than a majority confirmed.
 """
 
@@ -56,11 +57,11 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from .._validate import format_hosts, parse_hosts
 from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
-from ..errors import BackendUnavailable, LockError
+from ..errors import AccessDenied, BackendUnavailable, LockError
 from ._redis_scripts import INSPECT, Script
 from ._redlock_scripts import RAISE, REPAIR
 from .redis import RedisBackend
@@ -124,7 +125,7 @@ class RedlockBackend(Backend):
     @classmethod
     def from_url(
         cls, url: str, *, drift_factor: float | None = None, connect_timeout: float | None = None,
-        request_timeout: float | None = None, prefix: str | None = None,
+        request_timeout: float | None = None, prefix: str | None = None, **node_options: Any,
     ) -> RedlockBackend:
         """``redlock://[user:password@]host:port,host:port,host:port[/db]``.
 
@@ -132,18 +133,22 @@ class RedlockBackend(Backend):
         ``[::1]:6379``); user, password and db apply to every node. Options, as keywords
         or in the query string (keywords win): ``drift_factor`` (default 0.01),
         ``connect_timeout`` and ``request_timeout`` (s, default 5), ``prefix`` (key
-        prefix, default ``"aiolock"``).
+        prefix, default ``"aiolock"``). Every other option is one of ``redis://``
+        (TLS files, client name, credential provider...: see
+        :class:`~aiolock.backends.redis.RedisBackend`) and applies to every node; ``ssl=true``
+        makes every node ``rediss://``.
         """
         parts = urlsplit(url)
         if parts.scheme != "redlock":
             raise ValueError(f"expected redlock://host:port,host:port,host:port, got {url!r}")
-        query: dict[str, str] = dict(parse_qsl(parts.query, keep_blank_values=True))
-        unknown = set(query) - {"drift_factor", "connect_timeout", "request_timeout", "prefix"}
-        if unknown:
-            raise ValueError(
-                f"unknown option(s) {sorted(unknown)} in {url!r}; accepted: drift_factor, "
-                "connect_timeout, request_timeout, prefix"
-            )
+        own = ("drift_factor", "connect_timeout", "request_timeout", "prefix")
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        query: dict[str, str] = {k: v for k, v in pairs if k in own}
+        # any other query option is a node's (RedisBackend checks it, and names it if bad)
+        node_query = urlencode([(k, v) for k, v in pairs if k not in own and k != "ssl"])
+        tls = node_options.pop("ssl", None)
+        if tls is None:
+            tls = dict(pairs).get("ssl", "false").lower() in ("1", "true", "yes", "on")
 
         def number(key: str, given: float | None, default: float) -> float:
             if given is not None:
@@ -171,7 +176,10 @@ class RedlockBackend(Backend):
         )
         auth = userinfo + "@" if userinfo else ""
         where = format_hosts(hosts)
-        nodes = [RedisBackend.from_url(f"redis://{auth}{node}/{db or 0}", **options) for node in where]
+        scheme = "rediss" if tls else "redis"
+        tail = f"?{node_query}" if node_query else ""
+        nodes = [RedisBackend.from_url(f"{scheme}://{auth}{node}/{db or 0}{tail}",
+                                       **options, **node_options) for node in where]
         safe = "redlock://" + ",".join(where) + (f"/{db}" if db else "")
         return cls(nodes, drift_factor=number("drift_factor", drift_factor, DEFAULT_DRIFT_FACTOR),
                    url=safe)
@@ -245,6 +253,8 @@ class RedlockBackend(Backend):
             detail += ("; " if detail else "") + f"{len(replies.pending)} still pending"
         message = (f"Redlock {self._url}: {what} needs {self.quorum} of {n} Redis nodes, "
                    f"only {len(replies.ok)} succeeded ({detail})")
+        if any(isinstance(e, AccessDenied) for e in replies.errors.values()):
+            return AccessDenied(message)  # credentials or ACL: retrying does not help
         refused = [e for e in replies.errors.values() if not isinstance(e, BackendUnavailable)]
         return LockError(message) if refused else BackendUnavailable(message)
 

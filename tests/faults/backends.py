@@ -43,7 +43,7 @@ class BackendSpec:
     def kill_bound(self, ttl: float) -> tuple[float, str]:
         """The liveness bound for a kill -9ed holder's lock, and its label."""
         renew = ttl / 3
-        if self.key == "postgres":
+        if self.key in ("postgres", "mysql"):
             return 1.0, "1 s"
         if self.key.startswith("zookeeper"):
             st = float(self.options["session_timeout"])
@@ -65,6 +65,10 @@ class BackendSpec:
             from ..pg_server import PostgresServer
 
             return PostgresServer()
+        if self.key == "mysql":
+            from ..mysql_server import MariaDBServer
+
+            return MariaDBServer()
         if self.key == "memcached":
             from ..mc_server import MemcachedServer
 
@@ -113,6 +117,8 @@ class BackendSpec:
             return f"postgresql://{server.user}@127.0.0.1:{p}/{server.database}"
         if self.key == "memcached":
             return f"memcached://127.0.0.1:{p}"
+        if self.key == "mysql":
+            return str(server.url).replace(f":{server.port}/", f":{p}/")
         return f"zookeeper://127.0.0.1:{p}/aiolock-faults"
 
 
@@ -284,6 +290,11 @@ BACKENDS: dict[str, BackendSpec] = {
     "postgres": BackendSpec(
         "postgres", "postgres", [*_PROXY, "restart"], forgets=["restart", "proxy:reset"],
         forgets_why="a dropped connection frees the advisory lock at once; the holder hears at "
+                    "its next renewal",
+    ),
+    "mysql": BackendSpec(
+        "mysql", "mysql", [*_PROXY, "restart"], forgets=["restart", "proxy:reset"],
+        forgets_why="a dropped connection frees the GET_LOCK lock at once; the holder hears at "
                     "its next renewal",
     ),
     "memcached": BackendSpec(

@@ -132,6 +132,17 @@ async def echo(locks: aiolock.Locks, kind: str) -> bool:
         stored, read = replies
         return bool(stored.code == b"HD" and stored.flags.get("O") == nonce
                     and read.value == value and read.flags.get("O") == nonce)
+    if kind == "mysql":
+        conn = await backend._pool.get()
+        try:
+            async with asyncio.timeout(5), conn.cursor() as cur:
+                await cur.execute("SELECT %s", (nonce,))
+                row = await cur.fetchone()
+        except BaseException:
+            backend._pool.discard(conn)
+            raise
+        backend._pool.put(conn)
+        return bool(row[0] == nonce)
     if kind == "postgres":
         conn = await backend._pool.get()
         try:

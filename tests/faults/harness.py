@@ -71,7 +71,7 @@ class Config:
     def holds_for(self, key: str) -> tuple[int, int]:
         """(total holds, held at once) for ``key``: PostgreSQL keeps one server connection
         per held lease (the test server allows 200), ZooKeeper writes each renewal."""
-        if key == "postgres":
+        if key in ("postgres", "mysql"):
             return min(self.holds, 1000 if self.mode == "long" else 50), 100
         if key.startswith("zookeeper"):
             return self.holds, 1000
@@ -376,7 +376,7 @@ class BackendRun:
                              "--lock-ttl", str(lock_ttl), "--cancels", str(cfg.cancels),
                              "--timeouts", str(cfg.timeouts), "--stall-rounds", str(cfg.stall_rounds)])
         hold_options = dict(self.spec.options)
-        if self.spec.key == "postgres":
+        if self.spec.key in ("postgres", "mysql"):
             hold_options["max_connections"] = at_once + 20  # one connection per held lease
         holds = self._probe(["holds", *common, "--options", json.dumps(hold_options),
                              "--ttl", str(cfg.hold_ttl), "--count", str(total),
