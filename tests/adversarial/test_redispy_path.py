@@ -63,7 +63,7 @@ async def test_random_cancellation_on_redis_py_path(target: tuple[str, dict[str,
                 await asyncio.sleep(rng.random() * 0.003)
             task.cancel()
             try:
-                async with asyncio.timeout(10):  # a cancelled acquire ends promptly
+                async with asyncio.timeout(3):  # a cancelled acquire ends promptly
                     lease = await task
             except asyncio.CancelledError:
                 lease = None
@@ -82,6 +82,31 @@ async def test_random_cancellation_on_redis_py_path(target: tuple[str, dict[str,
         async with asyncio.timeout(5):
             lease = await a.lock(name, ttl=5).acquire(timeout=1)
         assert not tokens or lease.token > tokens[-1]
+        await lease.release()
+    finally:
+        async with asyncio.timeout(10):
+            await a.aclose()
+            await b.aclose()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.001, 0.2])
+async def test_cancel_waiting_acquire_on_redis_py_path(target: tuple[str, dict[str, Any]],
+                                                       delay: float) -> None:
+    """The plain case: a waiter cancelled while the lock is held elsewhere ends at once."""
+    a = await _open(target)
+    b = await _open(target)
+    try:
+        name = f"w-{uuid.uuid4().hex}"
+        holder = await a.lock(name, ttl=5).acquire()
+        task = asyncio.create_task(b.lock(name, ttl=5).acquire())
+        await asyncio.sleep(delay)
+        task.cancel()
+        await asyncio.wait([task], timeout=3)
+        assert task.done(), f"acquire cancelled after {delay}s still runs 3 s later"
+        assert task.cancelled()
+        await holder.release()
+        async with asyncio.timeout(5):
+            lease = await b.lock(name, ttl=5).acquire(timeout=1)
         await lease.release()
     finally:
         async with asyncio.timeout(10):
