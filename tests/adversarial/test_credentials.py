@@ -192,19 +192,6 @@ async def test_acl_user_without_scripting_falls_back(acl_redis: PasswordRedis) -
         await second.release()
 
 
-async def test_acl_user_without_scripting_fair_lock_refused_cleanly(acl_redis: PasswordRedis) -> None:
-    """scripting=off offers lock() only, not fair: asking for more is an aiolock error
-    (ValueError or AccessDenied), never a raw server reply."""
-    url = f"redis://noscript:{SECRET}@127.0.0.1:{acl_redis.port}/0"
-    async with asyncio.timeout(20), aiolock.connect(url) as locks:
-        with pytest.raises((ValueError, aiolock.LockError)):
-            lease = await locks.lock(f"c-{uuid.uuid4().hex}", fair=True).acquire(timeout=1)
-            await lease.release()
-        with pytest.raises((ValueError, aiolock.LockError)):
-            async with locks.rwlock(f"c-{uuid.uuid4().hex}").read():
-                pass
-
-
 # --- the command line ------------------------------------------------------------------
 
 
@@ -335,5 +322,61 @@ async def test_scripting_off_is_honoured() -> None:
             admin.close()
         scripts = {k: v for k, v in stats.items() if "eval" in k or "script" in k or "fcall" in k}
         assert not scripts, f"scripting=off still ran scripts: {scripts}"
+    finally:
+        server.close()
+
+
+LEAST = ("aiolock on >{pw} resetkeys ~aiolock:* resetchannels &aiolock:* -@all +ping "
+         "+evalsha +script|load +subscribe +unsubscribe +publish +get +set +del +exists "
+         "+incr +pexpire +pttl +hget +hset +hdel +lindex +llen +lpop +lrem +rpush +zadd "
+         "+zcard +zcount +zrange +zrangebyscore +zrem +zscore +time")
+
+
+async def test_documented_least_privileges_run_every_primitive() -> None:
+    """README "Least privileges": the documented Redis ACL line runs every primitive,
+    with contention, wake-ups, fair queues, waiting writers, renewals and cancellation."""
+    server = PasswordRedis(users=["default on nopass ~* &* +@all", LEAST.format(pw=SECRET)])
+    server.start()
+    url = f"redis://aiolock:{SECRET}@127.0.0.1:{server.port}/0"
+    try:
+        async with asyncio.timeout(40), aiolock.connect(url) as a, aiolock.connect(url) as b:
+            n = uuid.uuid4().hex
+            for fair in (False, True):
+                first = await a.lock(f"{n}l{fair}", ttl=1, fair=fair).acquire()
+                waiter = asyncio.create_task(b.lock(f"{n}l{fair}", ttl=1, fair=fair).acquire())
+                await asyncio.sleep(0.1 if fair else 1.2)  # renewals ran
+                assert not first.lost and not waiter.done()
+                await first.extend(1)
+                await first.release()
+                second = await asyncio.wait_for(waiter, 2)
+                await second.release()
+                # a cancelled waiter and a failed one-try
+                held = await a.lock(f"{n}l{fair}", ttl=1, fair=fair).acquire()
+                task = asyncio.create_task(b.lock(f"{n}l{fair}", ttl=1, fair=fair).acquire())
+                await asyncio.sleep(0.05)
+                task.cancel()
+                await asyncio.wait([task], timeout=5)
+                with pytest.raises(aiolock.LockTimeout):
+                    await b.lock(f"{n}l{fair}", ttl=1, fair=fair).acquire(timeout=0)
+                await held.release()
+                info = await b.status(f"{n}l{fair}")
+                assert not info.held
+            reader = await a.rwlock(n + "rw", ttl=1).read().acquire()
+            writer = asyncio.create_task(b.rwlock(n + "rw", ttl=1).write().acquire())
+            await asyncio.sleep(0.1)
+            with pytest.raises(aiolock.LockTimeout):  # queued behind the waiting writer
+                await b.rwlock(n + "rw", ttl=1).read().acquire(timeout=0.1)
+            await reader.release()
+            await (await asyncio.wait_for(writer, 2)).release()
+            for fair in (False, True):
+                sem = b.semaphore(f"{n}s{fair}", limit=2, ttl=1, fair=fair)
+                p1, p2 = await sem.acquire(), await sem.acquire()
+                third = asyncio.create_task(a.semaphore(f"{n}s{fair}", limit=2, ttl=1,
+                                                        fair=fair).acquire())
+                await asyncio.sleep(0.1)
+                assert not third.done() and not p1.lost
+                await p1.release()
+                await (await asyncio.wait_for(third, 2)).release()
+                await p2.release()
     finally:
         server.close()
