@@ -243,7 +243,6 @@ async def test_failed_one_try_leaves_nothing_behind(pair: tuple[aiolock.Locks, a
     for _ in range(3):
         with pytest.raises(aiolock.LockTimeout):
             await prim(b).acquire(timeout=wait)
-    info = await a.status(name)
     await holder.release()
     t0 = time.monotonic()
     async with asyncio.timeout(10):
@@ -251,7 +250,7 @@ async def test_failed_one_try_leaves_nothing_behind(pair: tuple[aiolock.Locks, a
     took = time.monotonic() - t0
     await lease.release()
     assert took < 0.25, f"next {kind} waited {took:.2f}s behind abandoned one-tries"
-    assert info.held  # (phantom waiters right after a timeout: test_short_timeouts_loop)
+    # (phantom waiters in status() right after a timeout: see test_short_timeouts_loop)
 
 
 async def test_child_tasks_keep_the_lease(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
