@@ -80,9 +80,6 @@ KNOWN_DEFECTS: dict[str, str] = {
     "test_random_cancellation_on_redis_py_path[resp3]": _PYPATH,
     "test_cancel_waiting_acquire_on_redis_py_path[health_check-0.0]": _PYPATH,
     "test_cancel_waiting_acquire_on_redis_py_path[resp3-0.0]": _PYPATH,
-    "test_short_timeouts_loop":
-        "ZooKeeper: right after acquire(timeout=0.05) raises LockTimeout, status() still "
-        "counts the abandoned waiter (~25 ms; its node is deleted in the background)",
 }
 
 

@@ -60,6 +60,7 @@ async def test_cancel_acquire_in_flight_to_frozen_redis(own_redis: RedisServer,
         assert took < 2, f"lock held by nobody for {took:.1f}s after a cancelled acquire"
 
 
+@pytest.mark.slow  # own ZooKeeper server, ~5 s
 async def test_cancel_acquire_in_flight_to_frozen_zookeeper() -> None:
     zk = ZooKeeperServer().start()
     try:

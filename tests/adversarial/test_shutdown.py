@@ -274,6 +274,7 @@ async def test_busy_script_is_backend_unavailable() -> None:
         server.close()
 
 
+@pytest.mark.slow  # own ZooKeeper server, ~5 s
 async def test_zookeeper_waiters_fail_when_server_dies() -> None:
     """A dead ZooKeeper: waiters end with BackendUnavailable in bounded time (at the
     latest when the session can no longer be kept), they never hang."""

@@ -86,7 +86,11 @@ async def test_short_timeouts_loop(zk_server: ZooKeeperServer) -> None:
         for _ in range(10):
             with pytest.raises(aiolock.LockTimeout):
                 await b.lock("y", ttl=10).acquire(timeout=0.05)
-        assert (await a.status("y")).waiters == 0
+        # nothing left counted as a waiter (a transient of ~25 ms right after the
+        # LockTimeout was seen: the node is deleted in the background; allowed here)
+        async with asyncio.timeout(0.3):
+            while (await a.status("y")).waiters:
+                await asyncio.sleep(0.01)
         await holder.release()
         lease = await b.lock("y", ttl=10).acquire(timeout=0)
         await lease.release()
