@@ -394,12 +394,17 @@ async def test_cancelled_waiter_leaves_no_place(pair: tuple[aiolock.Locks, aiolo
     the randomized test above: a writer cancelled 5-7 loop steps in left its place, and
     the next writer waited a full ttl)."""
     a, b = pair
-    for steps in range(12):
+    # cancellation points: 0-19 loop steps, then 0.5-8 ms, each tried twice
+    points: list[int | float] = [*range(20), 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.008]
+    for steps in points * 2:
         name = f"p-{uuid.uuid4().hex}"
         holder = await _primitive(a, kind, name, ttl=2).acquire()
         task = asyncio.create_task(_primitive(b, kind, name, ttl=2).acquire())
-        for _ in range(steps):
-            await asyncio.sleep(0)
+        if isinstance(steps, float):
+            await asyncio.sleep(steps)
+        else:
+            for _ in range(steps):
+                await asyncio.sleep(0)
         task.cancel()
         await ended(task)
         try:
