@@ -17,6 +17,7 @@ command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_pkgs+=(postgresql)
 command -v memcached >/dev/null 2>&1 || need_pkgs+=(memcached)
 [ -x /usr/sbin/mariadbd ] || need_pkgs+=(mariadb-server)
+command -v tmux >/dev/null 2>&1 || need_pkgs+=(tmux)  # tests drive `aiolock top` in it
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "installing: ${need_pkgs[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

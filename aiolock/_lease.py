@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from . import _telemetry
 from ._holder import Holder, decode_holder
 from ._validate import check_ttl
 from .abc import Claim
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Lease"]
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.lease")
 
 
 class _Hold:
@@ -83,6 +84,7 @@ class _Hold:
         self.releasing: asyncio.Task[bool] | None = None
         self.sched = math.nan  # when the watchdog's heap next looks at it
         self.since = time.monotonic()  # granted (about: when the reply came)
+        _telemetry.hold_started(self)
 
     @property
     def ttl(self) -> float:
@@ -99,6 +101,7 @@ class _Hold:
             return
         self.lost_reason = reason
         log.warning("lease on %r lost: %s", self.claim.name, reason)
+        _telemetry.hold_lost(self, reason)
         self.session.forget(self, wake=False)  # the abandon below signals the release
         # The server may still keep it (e.g. a renewal reply that came too late): give it back.
         self.session.spawn(self.session.abandon(self.claim))
@@ -108,6 +111,7 @@ class _Hold:
         """Released on the server: stop tracking it, wake the next local waiter (unless
         it is ``woken`` already) and anyone in wait_lost()."""
         if not self.done:
+            _telemetry.hold_ended(self)
             self.session.forget(self, wake=True, woken=woken)
             self._notify()
 
@@ -216,6 +220,7 @@ class Lease:
         """
         await self._release()
 
+    @_telemetry.release_span
     async def _release(self) -> bool:
         """Release; False if the server said the lease was no longer held."""
         if self._released:

@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
+from . import _telemetry
 from ._holder import check_data, encode_holder
 from ._lease import Lease, _Hold
 from ._validate import check_on_lost, check_seconds, check_ttl
@@ -98,6 +99,7 @@ class Lock:
         """Whether anyone (any process) holds it now."""
         return (await self._locks.backend.inspect(self.name, self.kind)).held
 
+    @_telemetry.acquire_span
     async def acquire(self, timeout: float | _Default | None = _DEFAULT) -> Lease:
         """Wait for the lock and return its :class:`Lease`.
 
@@ -226,6 +228,7 @@ class Lock:
             hold.callbacks.append(call_on_lost)
         return lease
 
+    @_telemetry.waiting
     async def _wait(
         self, claim: Claim, deadline: float | None, local: _Local, task: asyncio.Task[Any] | None,
         wait: float | None,

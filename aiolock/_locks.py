@@ -25,7 +25,7 @@ from .errors import BackendUnavailable, LockError
 
 __all__ = ["Locks", "RWLock", "Semaphore"]
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.locks")
 T = TypeVar("T")
 
 #: How long closing a session waits for the releases of the leases it still holds.

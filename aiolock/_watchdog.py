@@ -23,12 +23,13 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from . import _telemetry
 from ._lease import _Hold
 from .abc import REVOKED, Backend
 
 __all__ = ["MAX_BATCH", "Watchdog"]
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.watchdog")
 
 #: At most this many claims in one renewal request.
 MAX_BATCH = 1000
@@ -146,7 +147,7 @@ class Watchdog:
                 hold.renew_at = now + min(hold.ttl / 6, 1.0)
                 if hold in self._holds:
                     self._schedule(hold)
-            log.warning("renewal of %d lease(s) failed: %s", len(holds), exc)
+            _telemetry.renewal_failed(self._backend, holds, sent, exc)
             if raise_errors:
                 raise
             return
@@ -154,6 +155,7 @@ class Watchdog:
             for hold in holds:
                 hold.renewing = False
             raise
+        _telemetry.renewed(self._backend, len(holds), sent)
         for hold, ms in zip(holds, granted, strict=True):
             hold.renewing = False
             if hold.done:

@@ -1,4 +1,4 @@
-"""The ``aiolock`` command: ``run``, ``elect``, ``status``, ``ls``, ``revoke`` and ``demo``.
+"""The ``aiolock`` command: ``run``, ``elect``, ``status``, ``ls``, ``top``, ``revoke`` and ``demo``.
 
 ``aiolock run [--url URL] [--ttl S] [--timeout S] NAME -- COMMAND...`` holds the lock
 while COMMAND runs and exits with its status; the child gets ``AIOLOCK_TOKEN``. Exit
@@ -10,7 +10,8 @@ never a traceback. Once COMMAND ran, ``run`` exits with COMMAND's status even if
 release then fails (it says so on stderr): a retry wrapper must not run it twice.
 ``aiolock elect [--url URL] [--ttl S] [--timeout S] [--data D] NAME -- COMMAND...`` runs
 COMMAND while this process leads the election NAME, with the exit codes of ``run``.
-``aiolock ls [--json] [PREFIX]`` lists held names; ``aiolock revoke NAME`` force-releases
+``aiolock ls [--json] [PREFIX]`` lists held names, ``aiolock top [--interval S] [PREFIX]``
+shows them live (``q`` quits); ``aiolock revoke NAME`` force-releases
 every holder of NAME (exit 0 if something was held, 1 if nothing was).
 ``--url`` defaults to ``$AIOLOCK_URL``.
 """
@@ -71,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--url", help=url_help)
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
     ls.add_argument("prefix", nargs="?", default="", help="only names starting with this")
+    top = sub.add_parser("top", help="a live view of the held names (q quits)")
+    top.add_argument("--url", help=url_help)
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (1)")
+    top.add_argument("prefix", nargs="?", default="", help="only names starting with this")
     revoke = sub.add_parser("revoke", help="force-release every holder of a name")
     revoke.add_argument("--url", help=url_help)
     revoke.add_argument("name", help="lock (or rwlock, semaphore, election) name")
@@ -104,6 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(list_held(url, args.prefix, as_json=args.json))
         if args.command == "revoke":
             return asyncio.run(revoke(url, args.name))
+        if args.command == "top":
+            from ._top import run_top
+
+            return asyncio.run(run_top(url, args.prefix, args.interval))
         cmd = args.cmd
         if not cmd:
             parser.error(f"{args.command}: give the command after '--', e.g. "

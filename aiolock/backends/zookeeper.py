@@ -44,11 +44,15 @@ write: the watchdog's first renewal restamps the node); a renewal that comes rig
 such a confirmation (the core renews at once when the session timeout cut the lease
 below its ``ttl``) is answered from it without a request.
 
-A claim keeps a place in the queue only while its waiter listens: a try that is not
-granted while nobody listens for the claim (a one-try ``acquire(timeout=0)``, or the
-first try of an acquire before it starts waiting) deletes its node before it answers
-"busy", and a claim that stops listening without a grant (a timeout, a cancellation)
-gives its place up at once. So nothing a try-lock loop did is left to block the lock, or
+A claim keeps a place in the queue only while someone waits on it: its waiter listens,
+or the core says it will (``Claim.waits``: the first try of an acquire that waits, which
+then listens at once). A try that is not granted while nobody will listen for the claim
+(a one-try ``acquire(timeout=0)``, or a first try from a core that cannot say) deletes
+its node before it answers "busy", and a claim that stops listening without a grant (a
+timeout, a cancellation) gives its place up at once. (A node kept while its claim did not
+listen -- the old 0.5 s "unattended" timer -- stalled the lock: the release went to that
+node, whose claim sat queued behind another task of its process, until the timer fired;
+``tests/test_zk_wake.py``.) So nothing a try-lock loop did is left to block the lock, or
 to show in ``status()``, once the try has returned. Such tries on a name found busy in
 the last ``CONTENDED_HINT`` seconds only list the nodes (no write) and take a place only
 if it looks free; the next one after that takes a place again and reads the holders'
@@ -140,6 +144,8 @@ try:
     from aiozk import exc as zkexc
     from aiozk import protocol as zkproto
     from aiozk.connection import Connection as _ZKConnection
+    from aiozk.connection import reply_header_struct as _REPLY_HEADER
+    from aiozk.connection import size_struct as _SIZE
     from aiozk.protocol.acl import ACL as _ZKACL
     from aiozk.states import States
 except ImportError as _exc:  # pragma: no cover - reported by aiolock.connect()
@@ -364,6 +370,45 @@ def _decode_data(data: bytes | None) -> tuple[int, int]:
         return 30_000, 1
 
 
+class _Connection(_ZKConnection):  # type: ignore[misc]
+    """``aiozk``'s connection with a leaner reader (the clients this backend makes).
+
+    ``aiozk`` 0.32 reads every reply in three steps, two of them through
+    ``asyncio.wait_for`` -- a task and a timer each, and an event-loop turn each even
+    when the bytes are already buffered. Six replies or events per contended acquisition
+    made that the largest client cost per acquisition (issue 10). Here a reply is read
+    in one piece after its size: at once when it is buffered (it almost always is), else
+    under one ``read_timeout``; errors as ``aiozk``'s (a short read is
+    ``UnfinishedRead``, a closed connection ``ConnectionAbortedError``).
+    """
+
+    async def read_response(self, initial_connect: bool = False) -> tuple[Any, Any, Any]:
+        reader = self.reader
+        try:
+            size = _SIZE.unpack(await reader.readexactly(_SIZE.size))[0]
+            if len(getattr(reader, "_buffer", b"")) >= size:
+                raw = await reader.readexactly(size)  # buffered: returns without waiting
+            else:
+                try:
+                    async with asyncio.timeout(self.read_timeout):
+                        raw = await reader.readexactly(size)
+                except TimeoutError:
+                    raise zkexc.UnfinishedRead from None
+        except asyncio.IncompleteReadError:
+            raise ConnectionAbortedError from None
+        # connect and close replies have no reply header
+        if initial_connect or self.pending_specials[zkproto.CLOSE_XID]:
+            return None, None, zkproto.ConnectResponse.deserialize(raw)
+        xid, zxid, error_code = _REPLY_HEADER.unpack_from(raw)
+        if error_code:
+            self.opcode_xref.pop(xid)
+            return xid, zxid, zkexc.get_response_error(error_code)
+        payload = raw[_REPLY_HEADER.size:]
+        if xid == zkproto.WATCH_XID:
+            return xid, zxid, zkproto.WatchEvent.deserialize(payload)
+        return xid, zxid, zkproto.response_xref[self.opcode_xref.pop(xid)].deserialize(payload)
+
+
 class _SessionRepair:
     """Keep an ``aiozk`` session alive through a leader election (installed on the
     clients this backend makes).
@@ -400,8 +445,8 @@ class _SessionRepair:
         delay = 0.02
         while True:
             for host, port in random.sample(session.hosts, len(session.hosts)):
-                conn = _ZKConnection(host, port, watch_handler=session.event_dispatch,
-                                     read_timeout=session.read_timeout)
+                conn = _Connection(host, port, watch_handler=session.event_dispatch,
+                                   read_timeout=session.read_timeout)
                 try:
                     # a 'srvr' probe, then the real connection; bounded, or a host that
                     # drops packets would hold up the others
@@ -981,7 +1026,8 @@ class ZooKeeperBackend(Backend):
         if claim.state.get("sid") not in (None, self._sid):
             self._forget_node(claim)  # made in an expired session: the server deleted it
         claim.state.pop("busy", None)
-        if (claim.owner not in self._waiters and "path" not in claim.state
+        attended = self._attended(claim)
+        if (not attended and "path" not in claim.state
                 and not claim.state.get("creating")
                 and self._contended.get(parent, 0.0) > time.monotonic()):
             peeked = await self._peek(claim, parent)
@@ -1046,8 +1092,8 @@ class ZooKeeperBackend(Backend):
                 claim.state["granted"] = True
                 return granted
             self._note_contended(parent)
-            if claim.owner not in self._waiters:
-                # nobody will wait on this place (one try, or not listening yet)
+            if not attended:
+                # nobody will wait on this place (one try, or a core that cannot say)
                 busy = await self._give_way(claim, parent, path, nodes, holders)
                 if busy is not None:
                     return busy
@@ -1059,6 +1105,17 @@ class ZooKeeperBackend(Backend):
                 return busy
             first = False
         return Busy(0.05)
+
+    def _attended(self, claim: Claim) -> bool:
+        """Someone will wait on this claim's place: its waiter listens, or the core says
+        the claim waits if busy (``Claim.waits``: it listens right after this answer,
+        without queueing behind a local waiter). Such a first try keeps its node and
+        watches, and the next one is answered without a request: create, list, watch on
+        the way in, one listing per wake-up, one delete on the way out (5 requests per
+        contended acquisition, as aiozk's recipe; a try that gives its place up and
+        takes a new one costs 2-3 more). A core without ``Claim.waits`` gets the old
+        answer: a try nobody listens for keeps no place."""
+        return claim.owner in self._waiters or getattr(claim, "waits", False) is True
 
     def _granted(self, claim: Claim, fresh: bool, started: float) -> Granted | None:
         """Grant without another request, if the lease is safe; None: stamp first.

@@ -1,0 +1,496 @@
+"""Telemetry: OpenTelemetry metrics and spans (SPEC §9), and the core's per-lease log lines.
+
+The core calls in here with one line per event (a grant, a release, a loss, a renewal)
+or wears one of the decorators below (``acquire``, ``release``, the slow path of
+waiting), so the locking code stays readable and this file is the one place that knows
+about OpenTelemetry.
+
+OpenTelemetry, the convention for libraries: only ``opentelemetry-api`` (the ``otel``
+extra), imported on first use; aiolock records to the *global* meter and tracer providers
+under the instrumentation scope ``aiolock``, and the application decides (by configuring
+an SDK, or not) where that goes. The cost:
+
+* ``opentelemetry-api`` not installed: the decorators return the function unchanged and
+  the per-event calls only ask the logger whether DEBUG is on.
+* installed, no SDK configured: each event reads whether a global provider was set (two
+  module attributes) and returns; no span and no measurement is made. (The API's proxy
+  objects would also discard them, but a no-op span costs more than a lock cycle on
+  ``memory://``.)
+* an SDK configured: the instruments below (created once, on first use) and two spans
+  per lock cycle.
+
+Instruments (metric attributes ``aiolock.backend`` = the URL scheme, ``aiolock.kind`` =
+lock, read, write, permit or leader, and ``aiolock.outcome`` where listed; never the lock
+name, whose cardinality is unbounded -- it goes on spans only):
+
+=============================  ===============  ========  =================================
+instrument                     type             unit      meaning
+=============================  ===============  ========  =================================
+``aiolock.acquire.duration``   histogram        s         ``acquire()`` to its end; outcome
+                                                          granted, timeout, error, cancelled
+``aiolock.hold.duration``      histogram        s         grant to release or loss
+``aiolock.renewal.duration``   histogram        s         one renewal request (backend only)
+``aiolock.leases.held``        up-down counter  {lease}   leases held now (asynchronous)
+``aiolock.waiters``            up-down counter  {waiter}  acquisitions waiting now (async.)
+``aiolock.leases.lost``        counter          {lease}   outcome expired, gone, revoked,
+                                                          closed
+=============================  ===============  ========  =================================
+
+* An acquisition *waits* once its first try found the lock busy (or another task of this
+  process queued before it), until it is granted or gives up; an uncontended acquisition
+  never counts as a waiter. A reentrant re-entry is an ``acquire()`` (its duration is
+  recorded) but not a new lease.
+* Loss outcomes: ``expired`` (its last confirmed expiry passed: renewals failed, or
+  ``watchdog=False`` and no ``extend()``; or a release failed and it is left to expire),
+  ``gone`` (the server no longer had it: taken over, session or connection lost),
+  ``revoked`` (``force_release`` by an operator), ``closed`` (still held when its
+  connection was closed with ``aclose()``, which released it: the lease ended without its
+  owner's release).
+* Spans: ``aiolock.acquire`` (``aiolock.name``, ``aiolock.backend``, ``aiolock.kind``,
+  ``aiolock.outcome``, and ``aiolock.token`` when granted; status ERROR only for the
+  outcome ``error``) is the current span while the lock is acquired, so a client
+  library's own spans nest in it; ``aiolock.release`` (the same attributes, ``aiolock.token``
+  always).
+* ``aiolock.leases.held`` and ``aiolock.waiters`` are asynchronous up-down counters: aiolock
+  keeps the counts and the SDK reads them when it collects (a synchronous ``add()`` costs
+  about as much as a whole ``memory://`` lock cycle). Configure the SDK before the first
+  lock is taken: leases held (acquisitions waiting) while none was set are not counted,
+  and their end then counts -1.
+
+Logging: the loggers form one tree, ``aiolock.*`` (``aiolock.lease`` for grants, releases
+and losses, ``aiolock.watchdog`` for renewals, one child per backend). A lost lease is a
+WARNING with its reason, a retry INFO, per-request detail DEBUG. No log line, span or
+error message carries a password or a claim's owner id (knowing it would let anyone
+release the lease).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import importlib.util
+import inspect
+import logging
+import os
+import time
+from collections.abc import Callable, Coroutine, Iterable
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
+
+from .errors import LockTimeout
+
+if TYPE_CHECKING:
+    from ._lease import Lease, _Hold
+    from ._lock import Lock
+    from .abc import Backend
+
+__all__ = [
+    "AVAILABLE", "SCOPE", "acquire_span", "hold_ended", "hold_lost", "hold_started",
+    "loss_outcome", "release_span", "renewal_failed", "renewed", "waiting",
+]
+
+#: The instrumentation scope (meter and tracer name).
+SCOPE = "aiolock"
+
+
+def _available() -> bool:
+    try:
+        return importlib.util.find_spec("opentelemetry.metrics") is not None and (
+            importlib.util.find_spec("opentelemetry.trace") is not None
+        )
+    except (ImportError, ValueError):  # e.g. sys.modules["opentelemetry"] = None
+        return False
+
+
+#: Whether ``opentelemetry-api`` can be imported (decided once, without importing it).
+AVAILABLE = _available()
+
+lease_log = logging.getLogger("aiolock.lease")
+watchdog_log = logging.getLogger("aiolock.watchdog")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+LockT = TypeVar("LockT", bound="Lock")
+LeaseT = TypeVar("LeaseT", bound="Lease")
+
+_DEBUG = logging.DEBUG
+
+
+class _OTel:
+    """The instruments and tracer, made once on first use, and the cheap checks of
+    whether an SDK was configured."""
+
+    def __init__(self) -> None:
+        from opentelemetry import metrics, trace
+
+        from . import __version__
+
+        # Where the API keeps the global providers: reading the module attribute is ~50x
+        # cheaper than get_*_provider() (which also reads os.environ). If a future API
+        # moves them, fall back to always recording (correct, only slower).
+        self._metrics_mod = importlib.import_module("opentelemetry.metrics._internal")
+        self._trace_mod = trace
+        self._fast = hasattr(self._metrics_mod, "_METER_PROVIDER") and hasattr(trace, "_TRACER_PROVIDER")
+        if self._fast:
+            global _mm, _tm
+            _mm, _tm = self._metrics_mod, trace
+        # a provider named by environment variable is loaded by the first get_*_provider()
+        if "OTEL_PYTHON_METER_PROVIDER" in os.environ:
+            metrics.get_meter_provider()
+        if "OTEL_PYTHON_TRACER_PROVIDER" in os.environ:
+            trace.get_tracer_provider()
+        meter = metrics.get_meter(SCOPE, __version__)
+        self.tracer = trace.get_tracer(SCOPE, __version__)
+        self.acquire_duration = _histogram(
+            meter, "aiolock.acquire.duration", SHORT,
+            "Time from acquire() to its end (granted, timeout, error, cancelled)",
+        )
+        self.hold_duration = _histogram(
+            meter, "aiolock.hold.duration", LONG, "Time a lease was held, to its release or loss",
+        )
+        self.renewal_duration = _histogram(
+            meter, "aiolock.renewal.duration", SHORT, "Duration of one lease renewal request",
+        )
+        # Asynchronous up-down counters: the SDK reads these counts when it collects (a
+        # synchronous add() costs as much as a whole memory:// lock cycle, twice a cycle)
+        meter.create_observable_up_down_counter(
+            "aiolock.leases.held", [_observer(HELD)], unit="{lease}", description="Leases held now",
+        )
+        meter.create_observable_up_down_counter(
+            "aiolock.waiters", [_observer(WAITING)], unit="{waiter}",
+            description="Acquisitions waiting now",
+        )
+        self.leases_lost = meter.create_counter(
+            "aiolock.leases.lost", unit="{lease}",
+            description="Leases lost (expired, gone, revoked, closed)",
+        )
+        from opentelemetry.trace import Status, StatusCode
+
+        self.error_status = Status(StatusCode.ERROR)
+
+    def metrics_on(self) -> bool:
+        """An SDK meter provider was set globally."""
+        return not self._fast or self._metrics_mod._METER_PROVIDER is not None
+
+    def traces_on(self) -> bool:
+        """An SDK tracer provider was set globally."""
+        return not self._fast or self._trace_mod._TRACER_PROVIDER is not None
+
+
+#: Bucket boundaries (s) advised to the SDK (the SDK's default ones, 0-5-10-25-...-10000,
+#: are made for milliseconds): waits and requests, from 0.5 ms up; holds, from 10 ms up.
+SHORT = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+LONG = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0)
+
+
+def _histogram(meter: Any, name: str, buckets: tuple[float, ...], description: str) -> Any:
+    try:  # the advisory parameter is in opentelemetry-api >= 1.23 (our floor); kept defensive
+        return meter.create_histogram(name, unit="s", description=description,
+                                      explicit_bucket_boundaries_advisory=list(buckets))
+    except TypeError:
+        return meter.create_histogram(name, unit="s", description=description)
+
+
+_otel: _OTel | None = None
+
+
+class _Unknown:
+    """Stands for the API's modules until they are loaded: "maybe set" (ask _get())."""
+
+    _METER_PROVIDER = _TRACER_PROVIDER = True
+
+
+class _Off:
+    """Stands for them when OpenTelemetry is not installed: "never set"."""
+
+    _METER_PROVIDER = _TRACER_PROVIDER = None
+
+
+#: the modules holding the API's global providers, read by the hot paths' first check:
+#: ``_mm._METER_PROVIDER is None`` means surely no SDK meter provider (and the like for
+#: ``_tm``, tracer); anything else means ask ``_get()``
+_mm: Any = _Unknown if AVAILABLE else _Off
+_tm: Any = _Unknown if AVAILABLE else _Off
+#: leases held and acquisitions waiting now, by (backend, kind): counted while an SDK
+#: meter provider is set, observed by the SDK when it collects
+HELD: dict[tuple[str, str], int] = {}
+WAITING: dict[tuple[str, str], int] = {}
+
+
+def _observer(counts: dict[tuple[str, str], int]) -> Callable[[Any], Iterable[Any]]:
+    from opentelemetry.metrics import Observation
+
+    def observe(options: Any) -> Iterable[Any]:
+        # copy() is one step under the GIL: a collecting thread sees a consistent dict
+        return [Observation(n, _metric_attrs(*key)) for key, n in counts.copy().items()]
+
+    return observe
+
+
+def _get() -> _OTel | None:
+    """The instruments if OpenTelemetry is installed (made on the first call), else None."""
+    global _otel
+    if _otel is None and AVAILABLE:
+        _otel = _OTel()
+    return _otel
+
+
+_attrs: dict[tuple[str, ...], dict[str, str]] = {}
+
+
+def _metric_attrs(backend: str, kind: str, outcome: str | None = None) -> dict[str, str]:
+    """The (shared, never mutated) attribute dict of one combination."""
+    key = (backend, kind) if outcome is None else (backend, kind, outcome)
+    attrs = _attrs.get(key)
+    if attrs is None:
+        attrs = {"aiolock.backend": backend, "aiolock.kind": kind}
+        if outcome is not None:
+            attrs["aiolock.outcome"] = outcome
+        _attrs[key] = attrs
+    return attrs
+
+
+def _backend_attrs(backend: str) -> dict[str, str]:
+    attrs = _attrs.get((backend,))
+    if attrs is None:
+        attrs = _attrs[(backend,)] = {"aiolock.backend": backend}
+    return attrs
+
+
+def _scheme(backend: Backend) -> str:
+    return backend.url.partition("://")[0] or type(backend).__name__
+
+
+def _outcome(exc: BaseException) -> str:
+    if isinstance(exc, LockTimeout):
+        return "timeout"
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled"
+    return "error"
+
+
+# -- acquire, wait, release: decorators ---------------------------------------------------
+
+
+def acquire_span(
+    func: Callable[Concatenate[LockT, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[LockT, P], Coroutine[Any, Any, R]]:
+    """Decorates ``Lock.acquire``: the span ``aiolock.acquire`` and the histogram
+    ``aiolock.acquire.duration``. Without an SDK the call goes straight through."""
+    if not AVAILABLE:
+        return func
+
+    default = inspect.signature(func).parameters["timeout"].default
+    call: Any = func
+
+    # acquire(self, timeout) exactly, not (*args, **kwargs): the cheapest call there is
+    def acquire(self: Any, timeout: Any = default) -> Coroutine[Any, Any, R]:
+        if _mm._METER_PROVIDER is None and _tm._TRACER_PROVIDER is None:
+            return call(self, timeout)  # type: ignore[no-any-return]  # no extra frame
+        otel = _otel or _get()
+        assert otel is not None
+        measure = otel.metrics_on()
+        trace = otel.traces_on()
+        if not (measure or trace):
+            return call(self, timeout)  # type: ignore[no-any-return]
+        return _traced_acquire(otel, measure, trace, func, self, timeout)
+
+    functools.update_wrapper(acquire, func)
+    return cast("Callable[Concatenate[LockT, P], Coroutine[Any, Any, R]]", acquire)
+
+
+async def _traced_acquire(otel: _OTel, measure: bool, trace: bool, func: Any, lock: Lock, /,
+                          *args: Any, **kwargs: Any) -> Any:
+    backend = _scheme(lock._locks.backend)
+    kind = lock.kind.value
+    start = time.perf_counter()
+    outcome = "granted"
+    if not trace:
+        try:
+            return await func(lock, *args, **kwargs)
+        except BaseException as exc:
+            outcome = _outcome(exc)
+            raise
+        finally:
+            otel.acquire_duration.record(time.perf_counter() - start, _metric_attrs(backend, kind, outcome))
+    with otel.tracer.start_as_current_span(
+        "aiolock.acquire", attributes={
+            "aiolock.name": lock.name, "aiolock.backend": backend, "aiolock.kind": kind,
+        }, record_exception=False, set_status_on_exception=False,
+    ) as span:
+        try:
+            result = await func(lock, *args, **kwargs)
+            span.set_attribute("aiolock.token", getattr(result, "token", -1))
+            return result
+        except BaseException as exc:
+            outcome = _outcome(exc)
+            if outcome == "error":
+                span.record_exception(exc)
+                span.set_status(otel.error_status.status_code, type(exc).__name__)
+            raise
+        finally:
+            span.set_attribute("aiolock.outcome", outcome)
+            if measure:
+                elapsed = time.perf_counter() - start
+                otel.acquire_duration.record(elapsed, _metric_attrs(backend, kind, outcome))
+
+
+def waiting(
+    func: Callable[Concatenate[LockT, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[LockT, P], Coroutine[Any, Any, R]]:
+    """Decorates the slow path of ``Lock.acquire`` (waiting behind a holder or other
+    waiters): ``aiolock.waiters`` is one higher while it runs."""
+    if not AVAILABLE:
+        return func
+
+    @functools.wraps(func)
+    def wait(self: LockT, /, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
+        if _mm._METER_PROVIDER is None:
+            return func(self, *args, **kwargs)
+        otel = _otel or _get()
+        assert otel is not None
+        if not otel.metrics_on():
+            return func(self, *args, **kwargs)
+        return _counted_wait(otel, func, self, *args, **kwargs)
+
+    return wait
+
+
+async def _counted_wait(
+    otel: _OTel, func: Callable[Concatenate[LockT, P], Coroutine[Any, Any, R]], lock: LockT, /,
+    *args: P.args, **kwargs: P.kwargs,
+) -> R:
+    key = (_scheme(lock._locks.backend), lock.kind.value)
+    WAITING[key] = WAITING.get(key, 0) + 1
+    try:
+        return await func(lock, *args, **kwargs)
+    finally:
+        WAITING[key] -= 1
+
+
+def release_span(
+    func: Callable[Concatenate[LeaseT, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[LeaseT, P], Coroutine[Any, Any, R]]:
+    """Decorates ``Lease._release``: the span ``aiolock.release``."""
+    if not AVAILABLE:
+        return func
+
+    call: Any = func
+
+    def release(self: Any) -> Coroutine[Any, Any, R]:  # _release(self) exactly
+        if _tm._TRACER_PROVIDER is None:
+            return call(self)  # type: ignore[no-any-return]
+        otel = _otel or _get()
+        assert otel is not None
+        if not otel.traces_on():
+            return call(self)  # type: ignore[no-any-return]
+        return _traced_release(otel, func, self)
+
+    functools.update_wrapper(release, func)
+    return cast("Callable[Concatenate[LeaseT, P], Coroutine[Any, Any, R]]", release)
+
+
+async def _traced_release(otel: _OTel, func: Any, lease: Lease, /, *args: Any, **kwargs: Any) -> Any:
+    hold = lease._hold
+    with otel.tracer.start_as_current_span(
+        "aiolock.release", attributes={
+            "aiolock.name": hold.claim.name, "aiolock.backend": _scheme(hold.session.backend),
+            "aiolock.kind": hold.claim.kind.value, "aiolock.token": hold.token,
+        }, record_exception=False, set_status_on_exception=False,
+    ) as span:
+        try:
+            return await func(lease, *args, **kwargs)
+        except Exception as exc:
+            span.record_exception(exc)
+            span.set_status(otel.error_status.status_code, type(exc).__name__)
+            raise
+
+
+# -- a lease's life: one call per event ---------------------------------------------------
+
+
+def hold_started(hold: _Hold) -> None:
+    """A claim was granted (``_Hold`` made)."""
+    if lease_log.isEnabledFor(_DEBUG):
+        lease_log.debug("acquired %r (%s) token %d, ttl %.3g s", hold.claim.name, hold.claim.kind.value,
+                        hold.token, hold.ttl)
+    if _mm._METER_PROVIDER is None:
+        return
+    otel = _otel or _get()
+    if otel is not None and otel.metrics_on():
+        key = (_scheme(hold.session.backend), hold.claim.kind.value)
+        HELD[key] = HELD.get(key, 0) + 1
+
+
+def hold_ended(hold: _Hold) -> None:
+    """A hold was released on the server (by its owner, or by ``aclose()``)."""
+    closed = hold.session.closed
+    if closed:
+        lease_log.info("lease on %r (token %d) released by closing its connection",
+                       hold.claim.name, hold.token)
+    elif lease_log.isEnabledFor(_DEBUG):
+        lease_log.debug("released %r token %d after %.3f s", hold.claim.name, hold.token,
+                        time.monotonic() - hold.since)
+    if _mm._METER_PROVIDER is None:
+        return
+    otel = _otel or _get()
+    if otel is not None and otel.metrics_on():
+        _ended(otel, hold, "closed" if closed else None)
+
+
+def hold_lost(hold: _Hold, reason: str) -> None:
+    """A hold was lost (``_Hold.mark_lost``; the WARNING is logged there)."""
+    if _mm._METER_PROVIDER is None:
+        return
+    otel = _otel or _get()
+    if otel is not None and otel.metrics_on():
+        _ended(otel, hold, loss_outcome(reason))
+
+
+def _ended(otel: _OTel, hold: _Hold, lost: str | None) -> None:
+    backend = _scheme(hold.session.backend)
+    kind = hold.claim.kind.value
+    HELD[backend, kind] = HELD.get((backend, kind), 0) - 1
+    otel.hold_duration.record(time.monotonic() - hold.since, _metric_attrs(backend, kind))
+    if lost is not None:
+        otel.leases_lost.add(1, _metric_attrs(backend, kind, lost))
+
+
+def loss_outcome(reason: str) -> str:
+    """The ``aiolock.outcome`` of a loss, from the reason the core gives ``mark_lost``."""
+    if "revoked" in reason:
+        return "revoked"
+    if "no longer has it" in reason:  # "(expired or taken over)": the server says gone
+        return "gone"
+    if "expir" in reason or "release failed" in reason:
+        return "expired"
+    return "gone"
+
+
+# -- renewals -----------------------------------------------------------------------------
+
+
+def renewed(backend: Backend, count: int, sent: float) -> None:
+    """One renewal request of ``count`` claims, sent at ``sent`` (monotonic), answered."""
+    elapsed = time.monotonic() - sent
+    if watchdog_log.isEnabledFor(_DEBUG):
+        watchdog_log.debug("renewed %d lease(s) in %.1f ms", count, elapsed * 1000)
+    if _mm._METER_PROVIDER is None:
+        return
+    otel = _otel or _get()
+    if otel is not None and otel.metrics_on():
+        otel.renewal_duration.record(elapsed, _backend_attrs(_scheme(backend)))
+
+
+def renewal_failed(backend: Backend, holds: list[_Hold], sent: float, exc: BaseException) -> None:
+    """A renewal request failed; its holds are retried soon (INFO: a retry; the loss, if
+    it comes to that, is the WARNING)."""
+    now = time.monotonic()
+    left = min((hold.expires_at - now for hold in holds), default=0.0)
+    watchdog_log.info("renewal of %d lease(s) failed (%s); retrying, the first expires in %.1f s",
+                      len(holds), exc, left)
+    if _mm._METER_PROVIDER is None:
+        return
+    otel = _otel or _get()
+    if otel is not None and otel.metrics_on():
+        otel.renewal_duration.record(now - sent, _backend_attrs(_scheme(backend)))

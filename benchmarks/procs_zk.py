@@ -1,0 +1,439 @@
+"""P processes x T tasks on ONE ZooKeeper lock: how a lock hands off across processes.
+
+The ZooKeeper twin of ``bench_procs.py`` (same columns, same layout). Every
+implementation runs in the same run, against one private standalone ZooKeeper started
+here (``tests/zk_server.py``'s ``ZooKeeperServer``: a child process on a free loopback
+port, never a server that is already running), in P worker processes of T tasks each.
+Each task loops: acquire -> ``await asyncio.sleep(0)`` -> release (kazoo is synchronous:
+T threads on one ``KazooClient`` per process). In each round, each
+implementation's workers start and open their sessions, warm up, then do one timed run;
+the rounds alternate the order of the implementations (the load of a shared machine
+drifts), and the tables give the median of 3 runs and their range (min-max).
+``--grouped`` keeps one set of workers (sessions kept across runs) for 3 runs in a row
+instead, as ``bench_procs.py`` does.
+
+Columns (times on CLOCK_MONOTONIC, shared by all processes of the host):
+
+- acq/s: acquisitions per second, all processes together.
+- xproc/s: cross-process hand-offs per second: acquisitions whose previous holder was
+  another process.
+- handoff p50/p99 (ms): for cross-process hand-offs, from the moment the previous holder
+  called release() until the next holder's acquire() returned.
+- max handoff (ms): the longest hand-off of all, cross-process or in-process (another
+  task of the same process), measured the same way; ``in-proc`` the longest in-process one.
+- wait p99 (ms): from calling acquire() until it returned.
+- req/acq: requests the server received per acquisition (``mntr`` ``zk_packets_received``
+  deltas over the run, pings included; the server is standalone and
+  private, so nothing else counts); watches/acq: watchers triggered (``mntr``
+  ``zk_sum_node_*_watch_count``).
+- CPU us/acq: client CPU (user + system of the worker processes, ``time.process_time``)
+  per acquisition.
+- min/max: the fewest and the most acquisitions of one process (and their ratio).
+
+Usage::
+
+    .venv/bin/python benchmarks/procs_zk.py [--quick] [--only NAME,...] [--scenarios 16x1,8x4]
+                                            [--profile DIR] [--before REV] [--grouped]
+
+``--profile DIR`` runs the asyncio workers (aiolock, aiozk) under ``cProfile`` and
+writes one ``<scenario>-<impl>-<pid>.prof`` per worker process into DIR (timed runs
+only). ``--before REV`` adds rows for aiolock as of git revision REV (``git archive`` of
+its ``aiolock/`` put first on the workers' PYTHONPATH), for an A/B in the same run.
+Tables go to stdout, progress to stderr. Needs ``java`` and Debian's ``zookeeper``
+package; kazoo's rows need ``kazoo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from _common import fmt, percentile  # noqa: E402
+
+TTL = 30
+WATCH_METRICS = tuple(f"zk_sum_node_{e}_watch_count" for e in ("created", "deleted", "changed", "children"))
+Record = tuple[float, float, float, int, int]  # call, acquired, release called, pid, task
+
+
+# -- the worker side ---------------------------------------------------------------------------
+# A worker opens its session(s) once and keeps them across runs: a run measures the steady
+# state, not session set-up (ZooKeeper's handshake and aiolock's chroot check).
+
+
+
+def _timed(records: list[Record], task: int, acquire: Any, release: Any) -> Any:
+    pid = os.getpid()
+
+    async def loop(stop: float) -> None:
+        while time.monotonic() < stop:
+            t0 = time.monotonic()
+            held = await acquire()
+            t1 = time.monotonic()
+            await asyncio.sleep(0)
+            t2 = time.monotonic()
+            await release(held)
+            records.append((t0, t1, t2, pid, task))
+
+    return loop
+
+
+async def _serve_async(impl: str, hosts: str, name: str, tasks: int, prof: Any) -> None:
+    records: list[Record] = []
+    async with contextlib.AsyncExitStack() as stack:
+        if impl == "aiolock":
+            import aiolock
+
+            locks = await stack.enter_async_context(aiolock.connect(f"zookeeper://{hosts}/bench-procs"))
+            lock = locks.lock(name, ttl=TTL)
+
+            async def release_lease(lease: Any) -> None:
+                await lease.release()
+
+            loops = [_timed(records, i, lock.acquire, release_lease) for i in range(tasks)]
+        else:  # aiozk: one client, one recipe object per task (one may not serve two tasks)
+            import aiozk
+
+            client = aiozk.ZKClient(hosts)
+            await client.start()
+            stack.push_async_callback(client.close)
+
+            def acquirer(peer: Any) -> Any:
+                async def acquire() -> Any:
+                    await peer.acquire()
+                    return peer
+                return acquire
+
+            async def release_peer(peer: Any) -> None:
+                await peer.release()
+
+            peers = [client.recipes.Lock(f"/bench-procs-aiozk/{name}") for _ in range(tasks)]
+            loops = [_timed(records, i, acquirer(p), release_peer) for i, p in enumerate(peers)]
+        loop = asyncio.get_running_loop()
+        print("READY", flush=True)
+        for go in itertools.count():
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            words = line.split()
+            if not words or words[0] == "QUIT":
+                return
+            stop, path = float(words[1]), words[2]
+            records.clear()
+            cpu = time.process_time()
+            if prof is not None and go:  # not the warm-up
+                prof.enable()
+            await asyncio.gather(*(run(stop) for run in loops))
+            if prof is not None:
+                prof.disable()
+            _report(path, records, time.process_time() - cpu)
+
+
+def _serve_threads(hosts: str, name: str, tasks: int) -> None:
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=hosts)
+    client.start(timeout=15)
+    records: list[Record] = []
+    pid = os.getpid()
+
+    def loop(task: int, lock: Any, stop: float) -> None:
+        while time.monotonic() < stop:
+            t0 = time.monotonic()
+            lock.acquire()
+            t1 = time.monotonic()
+            t2 = time.monotonic()
+            lock.release()
+            records.append((t0, t1, t2, pid, task))
+
+    locks = [client.Lock(f"/bench-procs-kazoo/{name}", f"{pid}-{i}") for i in range(tasks)]
+    print("READY", flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "QUIT":
+            break
+        stop, path = float(words[1]), words[2]
+        records.clear()
+        cpu = time.process_time()
+        threads = [threading.Thread(target=loop, args=(i, lk, stop)) for i, lk in enumerate(locks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        _report(path, records, time.process_time() - cpu)
+    client.stop()
+    client.close()
+
+
+def _report(path: str, records: list[Record], cpu: float) -> None:
+    Path(path).write_text(json.dumps({"records": records, "cpu": cpu}))
+    print("DONE", flush=True)
+
+
+def worker(impl: str, hosts: str, name: str, tasks: int, profile: str) -> None:
+    """Prints ``READY`` once its session is open, then reads ``GO <stop> <file>`` lines:
+    runs until ``stop``, writes the records and the CPU time used to ``file`` (JSON),
+    prints ``DONE``; ``QUIT`` ends it."""
+    if impl == "kazoo":
+        _serve_threads(hosts, name, tasks)
+        return
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+    asyncio.run(_serve_async(impl, hosts, name, tasks, prof))
+    if prof is not None:
+        prof.dump_stats(f"{profile}-{os.getpid()}.prof")
+
+
+# -- the driver ----------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    acq_s: float
+    xproc_s: float
+    p50: float
+    p99: float
+    wait_p99: float
+    reqs: float
+    watches: float
+    lo: int
+    hi: int
+    handoffs_s: float
+    max_handoff: float
+    max_local: float
+    cpu_us: float
+
+
+def measure(records: list[Record], seconds: float, nprocs: int, reqs: float, watches: float,
+            cpu_us: float) -> Run:
+    records.sort(key=lambda r: r[1])
+    cross: list[float] = []
+    local: list[float] = []
+    for a, b in itertools.pairwise(records):
+        if a[3] != b[3]:
+            cross.append((b[1] - a[2]) * 1000)
+        elif a[4] != b[4]:
+            local.append((b[1] - a[2]) * 1000)
+    per: dict[int, int] = {}
+    for r in records:
+        per[r[3]] = per.get(r[3], 0) + 1
+    counts = list(per.values()) + [0] * (nprocs - len(per))
+    waits = [(r[1] - r[0]) * 1000 for r in records]
+    return Run(
+        acq_s=len(records) / seconds, xproc_s=len(cross) / seconds,
+        p50=percentile(cross, 50), p99=percentile(cross, 99), wait_p99=percentile(waits, 99),
+        reqs=reqs, watches=watches, lo=min(counts), hi=max(counts),
+        handoffs_s=(len(cross) + len(local)) / seconds,
+        max_handoff=max(cross + local, default=0.0), max_local=max(local, default=0.0),
+        cpu_us=cpu_us,
+    )
+
+
+class Workers:
+    def __init__(self, impl: str, hosts: str, name: str, nprocs: int, tasks: int, profile: str,
+                 path: str | None = None) -> None:
+        env = dict(os.environ)
+        if path:  # aiolock as of another revision, first on the path
+            env["PYTHONPATH"] = path + os.pathsep + env.get("PYTHONPATH", "")
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--worker", impl.split("@")[0], hosts, name, str(tasks),
+                 profile],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+            )
+            for _ in range(nprocs)
+        ]
+        for p in self.procs:
+            self._expect(p, "READY")
+
+    def _expect(self, p: subprocess.Popen[str], word: str) -> None:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        if not line.startswith(word):
+            raise RuntimeError(f"worker said {line!r}, expected {word}")
+
+    def run(self, seconds: float, tmp: Path) -> tuple[list[Record], int, float]:
+        """The records of the last ``seconds`` of a run, how many acquisitions the whole
+        run made (the server's counters cover the whole run) and the CPU seconds used."""
+        stop = time.monotonic() + 0.3 + seconds  # a moment for every process to read GO
+        files = [tmp / f"{uuid.uuid4().hex}.json" for _ in self.procs]
+        for p, f in zip(self.procs, files, strict=True):
+            assert p.stdin is not None
+            p.stdin.write(f"GO {stop} {f}\n")
+            p.stdin.flush()
+        for p in self.procs:
+            self._expect(p, "DONE")
+        records: list[Record] = []
+        cpu = 0.0
+        for f in files:
+            got = json.loads(f.read_text())
+            records += [tuple(r) for r in got["records"]]  # type: ignore[misc]
+            cpu += got["cpu"]
+            f.unlink()
+        return [r for r in records if r[1] >= stop - seconds], len(records), cpu
+
+    def close(self) -> None:
+        for p in self.procs:
+            assert p.stdin is not None
+            try:
+                p.stdin.write("QUIT\n")
+                p.stdin.flush()
+            except BrokenPipeError:
+                pass
+        for p in self.procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def server_counts(port: int) -> tuple[int, int]:
+    from tests.zk_server import four_letter  # (the driver puts the repository on the path)
+
+    stats = {}
+    for line in four_letter(port, "mntr", 2.0).splitlines():
+        key, _, value = line.partition("\t")
+        stats[key] = value
+    return int(stats["zk_packets_received"]), sum(int(stats[k]) for k in WATCH_METRICS)
+
+
+def bench(impl: str, hosts: str, port: int, nprocs: int, tasks: int, seconds: float,
+          runs: int, tmp: Path, profile: str, path: str | None = None) -> list[Run]:
+    name = f"procs-{impl.replace('@', '-')}-{nprocs}x{tasks}-{uuid.uuid4().hex[:6]}"
+    prof = f"{profile}-{impl}" if profile and impl != "kazoo" else ""
+    workers = Workers(impl, hosts, name, nprocs, tasks, prof, path)
+    out: list[Run] = []
+    try:
+        workers.run(min(0.5, seconds), tmp)  # warm-up: sessions, paths, imports
+        for _ in range(runs):
+            before = server_counts(port)
+            records, total, cpu = workers.run(seconds, tmp)
+            after = server_counts(port)
+            n = max(total, 1)
+            out.append(measure(records, seconds, nprocs, (after[0] - before[0]) / n,
+                               (after[1] - before[1]) / n, cpu / n * 1e6))
+    finally:
+        workers.close()
+    return out
+
+
+def row(label: str, runs: list[Run]) -> str:
+    def med(attr: str, spec: str) -> str:
+        values = [getattr(r, attr) for r in runs]
+        return (f"{fmt(statistics.median(values), spec)} "
+                f"({fmt(min(values), spec)}-{fmt(max(values), spec)})")
+
+    ratio = [r.lo / r.hi if r.hi else 0.0 for r in runs]
+    mid = sorted(runs, key=lambda r: r.acq_s)[len(runs) // 2]
+    return (f"| {label} | {med('acq_s', ',.0f')} | {med('xproc_s', ',.0f')} | "
+            f"{med('p50', '.2f')} / {med('p99', '.2f')} | {fmt(max(r.max_handoff for r in runs), '.1f')}"
+            f" / {fmt(max(r.max_local for r in runs), '.1f')} | {med('wait_p99', '.1f')} | "
+            f"{med('reqs', '.2f')} | {med('watches', '.2f')} | {med('cpu_us', ',.0f')} | "
+            f"{mid.lo:,} / {mid.hi:,} ({fmt(statistics.median(ratio), '.2f')}) | "
+            f"{med('handoffs_s', ',.0f')} |")
+
+
+HEADER = ("| implementation | acq/s | xproc/s | handoff p50 / p99 ms | max handoff / in-proc ms "
+          "| wait p99 ms | req/acq | watches/acq | CPU us/acq | min / max per process (ratio) "
+          "| handoffs/s |\n|---|---|---|---|---|---|---|---|---|---|---|")
+
+IMPLS = ["aiolock", "aiozk", "kazoo"]
+
+
+def main() -> int:
+    # not at import: a worker must import aiolock from its PYTHONPATH (see --before)
+    sys.path.insert(0, str(ROOT))
+    from tests.zk_server import ZooKeeperServer, four_letter
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1.5 s runs instead of 3 s")
+    ap.add_argument("--only", help="comma-separated implementations (default: all)")
+    ap.add_argument("--scenarios", default="16x1,8x4")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--profile", help="cProfile the asyncio workers into this directory")
+    ap.add_argument("--before", help="also run aiolock as of this git revision")
+    ap.add_argument("--grouped", action="store_true",
+                    help="all runs of one implementation, then the next (as bench_procs.py)")
+    args = ap.parse_args()
+    seconds = 1.5 if args.quick else 3.0
+    impls = args.only.split(",") if args.only else list(IMPLS)
+    tmp = Path(tempfile.mkdtemp(prefix="aiolock-procs-zk-"))
+    paths: dict[str, str | None] = {}
+    if args.before and "aiolock" in impls:
+        before = tmp / "before"
+        before.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.before, "aiolock"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(before)], input=archive, check=True)
+        label = f"aiolock@{args.before[:9]}"
+        impls.insert(impls.index("aiolock") + 1, label)
+        paths[label] = str(before)
+    if "kazoo" in impls:
+        try:
+            import kazoo  # noqa: F401
+        except ImportError:
+            print("kazoo is not installed (pip install kazoo): its rows are skipped", file=sys.stderr)
+            impls.remove("kazoo")
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+    print(f"# P processes x T tasks on one ZooKeeper lock ({seconds} s runs, median of "
+          f"{args.runs} (range); {os.cpu_count()} CPUs, shared; load "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())})\n")
+    server = ZooKeeperServer().start()
+    try:
+        version = four_letter(server.port, "srvr").splitlines()[0].split(":", 1)[1].split(",")[0]
+        print(f"ZooKeeper {version.strip()}, private standalone server on a loopback port\n")
+        for scenario in args.scenarios.split(","):
+            nprocs, tasks = map(int, scenario.split("x"))
+            print(f"## {nprocs} processes x {tasks} task(s)\n\n{HEADER}", flush=True)
+            results: dict[str, list[Run]] = {impl: [] for impl in impls}
+            failed: dict[str, str] = {}
+            # one timed run per implementation per round, the order alternating between
+            # rounds: on a shared machine the load drifts, and no implementation should
+            # always run first or last (--grouped: all runs of one, then the next)
+            rounds = [impls] if args.grouped else [
+                impls if r % 2 == 0 else impls[::-1] for r in range(args.runs)]
+            for order in rounds:
+                for impl in order:
+                    if impl in failed:
+                        continue
+                    print(f"{scenario} {impl} ...", file=sys.stderr, flush=True)
+                    profile = str(Path(args.profile) / scenario) if args.profile else ""
+                    try:
+                        results[impl] += bench(impl, server.hosts, server.port, nprocs, tasks,
+                                               seconds, args.runs if args.grouped else 1, tmp,
+                                               profile, paths.get(impl))
+                    except Exception as exc:
+                        failed[impl] = f"{type(exc).__name__}: {exc}"
+            for impl in impls:
+                if impl in failed:
+                    print(f"| {impl} | error: {failed[impl]} |", flush=True)
+                else:
+                    print(row(impl, results[impl]), flush=True)
+            print(flush=True)
+    finally:
+        server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6])
+        sys.exit(0)
+    sys.exit(main())

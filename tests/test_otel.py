@@ -1,0 +1,398 @@
+"""OpenTelemetry (SPEC §9), with the real SDK: an ``InMemoryMetricReader`` and an
+``InMemorySpanExporter`` on the *global* providers, as an application would set them.
+
+The global providers can be set once per process, so one module fixture sets them and
+every test compares the cumulative metrics before and after what it does. What must hold
+without OpenTelemetry (``import aiolock`` works, nothing is wrapped) and with only the API
+(no span is made) runs in child processes, where nothing set a provider.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk")
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import Histogram, InMemoryMetricReader, Sum
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+import aiolock
+from aiolock import _telemetry
+
+from .servers import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+#: metric -> (type, monotonic, unit, attribute keys)
+INSTRUMENTS: dict[str, tuple[type, bool | None, str, frozenset[str]]] = {
+    "aiolock.acquire.duration": (Histogram, None, "s",
+                                 frozenset({"aiolock.backend", "aiolock.kind", "aiolock.outcome"})),
+    "aiolock.hold.duration": (Histogram, None, "s", frozenset({"aiolock.backend", "aiolock.kind"})),
+    "aiolock.renewal.duration": (Histogram, None, "s", frozenset({"aiolock.backend"})),
+    "aiolock.leases.held": (Sum, False, "{lease}", frozenset({"aiolock.backend", "aiolock.kind"})),
+    "aiolock.waiters": (Sum, False, "{waiter}", frozenset({"aiolock.backend", "aiolock.kind"})),
+    "aiolock.leases.lost": (Sum, True, "{lease}",
+                            frozenset({"aiolock.backend", "aiolock.kind", "aiolock.outcome"})),
+}
+Key = tuple[str, frozenset[tuple[str, Any]]]
+
+
+class Telemetry:
+    """The global SDK providers' in-memory reader and exporter."""
+
+    def __init__(self) -> None:
+        self.reader = InMemoryMetricReader()
+        self.exporter = InMemorySpanExporter()
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+
+    def collect(self) -> dict[Key, float]:
+        """Every data point now: a sum's value, a histogram's count (cumulative)."""
+        out: dict[Key, float] = {}
+        data = self.reader.get_metrics_data()
+        for rm in data.resource_metrics if data else ():
+            for sm in rm.scope_metrics:
+                assert sm.scope.name == "aiolock"
+                for metric in sm.metrics:
+                    kind, monotonic, unit, keys = INSTRUMENTS[metric.name]
+                    assert isinstance(metric.data, kind), metric.name
+                    assert metric.unit == unit, metric.name
+                    if monotonic is not None:
+                        assert isinstance(metric.data, Sum)
+                        assert metric.data.is_monotonic is monotonic, metric.name
+                    for point in metric.data.data_points:
+                        attrs = dict(point.attributes or {})
+                        assert set(attrs) == keys, (metric.name, attrs)
+                        value = point.count if isinstance(metric.data, Histogram) else point.value
+                        out[(metric.name, frozenset(attrs.items()))] = value
+        return out
+
+    def spans(self, name: str | None = None) -> list[ReadableSpan]:
+        return [s for s in self.exporter.get_finished_spans() if name is None or s.name == name]
+
+
+@pytest.fixture(scope="module")
+def otel() -> Iterator[Telemetry]:
+    tel = Telemetry()
+    metrics.set_meter_provider(tel.meter_provider)
+    trace.set_tracer_provider(tel.tracer_provider)
+    if metrics.get_meter_provider() is not tel.meter_provider:
+        pytest.skip("another global MeterProvider was set in this process first")
+    yield tel
+    tel.exporter.clear()
+    tel.tracer_provider.shutdown()  # the exporter stops keeping spans of later tests
+
+
+class Delta:
+    """What changed in the metrics since it was made."""
+
+    def __init__(self, tel: Telemetry) -> None:
+        self.tel = tel
+        self.before = tel.collect()
+        tel.exporter.clear()
+
+    def now(self) -> dict[Key, float]:
+        after = self.tel.collect()
+        return {k: v - self.before.get(k, 0) for k, v in after.items() if v != self.before.get(k, 0)}
+
+    def get(self, metric: str, **attrs: str) -> float:
+        want = {f"aiolock.{k}": v for k, v in attrs.items()}
+        return sum(v for (name, a), v in self.now().items()
+                   if name == metric and all(dict(a).get(k) == v for k, v in want.items()))
+
+
+def url() -> str:
+    return f"memory://otel-{uuid.uuid4().hex}"
+
+
+NAME = "orders:otel-secret-name-7f3a"  # must never appear in a metric attribute
+
+
+def _no_name_in_metrics(tel: Telemetry) -> None:
+    for (_, attrs) in tel.collect():
+        for _, value in attrs:
+            assert "otel-secret-name" not in str(value)
+
+
+async def test_cycle_records_every_lease_instrument_and_both_spans(otel: Telemetry) -> None:
+    d = Delta(otel)
+    async with aiolock.connect(url()) as locks:
+        lock = locks.lock(NAME, ttl=5)
+        async with lock as lease:
+            token = lease.token
+            assert d.get("aiolock.leases.held", backend="memory", kind="lock") == 1
+            assert d.get("aiolock.hold.duration") == 0
+        assert d.get("aiolock.leases.held", backend="memory", kind="lock") == 0
+        assert d.get("aiolock.hold.duration", backend="memory", kind="lock") == 1
+        assert d.get("aiolock.acquire.duration", backend="memory", kind="lock", outcome="granted") == 1
+        assert d.get("aiolock.leases.lost") == 0
+        assert d.get("aiolock.waiters") == 0  # uncontended: never waited
+    (acq,) = otel.spans("aiolock.acquire")
+    assert dict(acq.attributes or {}) == {
+        "aiolock.name": NAME, "aiolock.backend": "memory", "aiolock.kind": "lock",
+        "aiolock.token": token, "aiolock.outcome": "granted",
+    }
+    assert acq.status.status_code is StatusCode.UNSET
+    assert acq.instrumentation_scope is not None and acq.instrumentation_scope.name == "aiolock"
+    (rel,) = otel.spans("aiolock.release")
+    assert dict(rel.attributes or {}) == {
+        "aiolock.name": NAME, "aiolock.backend": "memory", "aiolock.kind": "lock", "aiolock.token": token,
+    }
+    _no_name_in_metrics(otel)
+
+
+async def test_acquire_span_is_current_inside_the_callers_span(otel: Telemetry) -> None:
+    Delta(otel)
+    tracer = trace.get_tracer("test")
+    async with aiolock.connect(url()) as locks:
+        with tracer.start_as_current_span("handler") as parent:
+            async with locks.lock(NAME):
+                pass
+    (acq,) = otel.spans("aiolock.acquire")
+    assert acq.parent is not None and acq.parent.span_id == parent.get_span_context().span_id
+
+
+async def test_kinds(otel: Telemetry) -> None:
+    d = Delta(otel)
+    async with aiolock.connect(url()) as locks:
+        rw = locks.rwlock(NAME)
+        async with rw.read():
+            pass
+        async with rw.write():
+            pass
+        async with locks.semaphore(NAME, 2) as one, locks.semaphore(NAME, 2):
+            assert one.token
+            assert d.get("aiolock.leases.held", kind="permit") == 2
+        async with locks.election(NAME).campaign("me"):
+            assert d.get("aiolock.leases.held", kind="leader") == 1
+    for kind in ("read", "write", "permit", "leader"):
+        assert d.get("aiolock.acquire.duration", backend="memory", kind=kind, outcome="granted") >= 1, kind
+        assert d.get("aiolock.leases.held", kind=kind) == 0, kind
+    assert {dict(s.attributes or {})["aiolock.kind"] for s in otel.spans("aiolock.acquire")} == {
+        "read", "write", "permit", "leader"}
+    _no_name_in_metrics(otel)
+
+
+async def test_timeout_and_cancelled_outcomes_and_waiters_back_to_zero(otel: Telemetry) -> None:
+    d = Delta(otel)
+    async with aiolock.connect(url()) as locks:
+        lock = locks.lock(NAME, ttl=5)
+        async with lock:
+            waiting = [asyncio.create_task(lock.acquire(timeout=None)) for _ in range(3)]
+            timing_out = asyncio.create_task(lock.acquire(timeout=0.2))
+            for _ in range(200):
+                await asyncio.sleep(0.005)
+                if d.get("aiolock.waiters", backend="memory", kind="lock") == 4:
+                    break
+            assert d.get("aiolock.waiters", backend="memory", kind="lock") == 4
+            with pytest.raises(aiolock.LockTimeout):
+                await timing_out
+            assert d.get("aiolock.waiters") == 3
+            waiting[0].cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting[0]
+            assert d.get("aiolock.waiters") == 2
+        for task in waiting[1:]:
+            lease = await task
+            await lease.release()
+        assert d.get("aiolock.waiters") == 0
+        assert d.get("aiolock.leases.held") == 0
+    assert d.get("aiolock.acquire.duration", outcome="granted") == 3
+    assert d.get("aiolock.acquire.duration", outcome="timeout") == 1
+    assert d.get("aiolock.acquire.duration", outcome="cancelled") == 1
+    outcomes = sorted(dict(s.attributes or {})["aiolock.outcome"] for s in otel.spans("aiolock.acquire"))
+    assert outcomes == ["cancelled", "granted", "granted", "granted", "timeout"]
+    # a timeout or a cancellation is not an error of the span
+    assert all(s.status.status_code is StatusCode.UNSET for s in otel.spans("aiolock.acquire"))
+    _no_name_in_metrics(otel)
+
+
+async def test_error_outcome_on_an_unreachable_server(otel: Telemetry) -> None:
+    pytest.importorskip("redis")
+    d = Delta(otel)
+    locks = aiolock.connect(f"redis://:pw-otel-secret@127.0.0.1:{free_port()}/0", connect_timeout=1)
+    try:
+        with pytest.raises(aiolock.BackendUnavailable):
+            await locks.lock(NAME).acquire(timeout=2)
+    finally:
+        await locks.aclose()
+    assert d.get("aiolock.acquire.duration", backend="redis", kind="lock", outcome="error") == 1
+    (span,) = otel.spans("aiolock.acquire")
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.attributes is not None and span.attributes["aiolock.outcome"] == "error"
+    assert "aiolock.token" not in span.attributes
+    assert [e.name for e in span.events] == ["exception"]
+    assert "pw-otel-secret" not in str(span.to_json())
+
+
+async def test_lost_expired_with_watchdog_off(otel: Telemetry) -> None:
+    d = Delta(otel)
+    async with aiolock.connect(url()) as locks:
+        lease = await locks.lock(NAME, ttl=0.2, watchdog=False).acquire()
+        await lease.wait_lost()
+        assert lease.lost
+        assert d.get("aiolock.leases.lost", backend="memory", kind="lock", outcome="expired") == 1
+        assert d.get("aiolock.leases.held") == 0
+        assert d.get("aiolock.hold.duration", backend="memory", kind="lock") == 1
+        await lease.release()  # lost: no second end
+    assert d.get("aiolock.leases.lost") == 1
+    assert d.get("aiolock.hold.duration") == 1
+    assert d.get("aiolock.leases.held") == 0
+
+
+async def test_lost_revoked_and_renewal_duration(otel: Telemetry) -> None:
+    d = Delta(otel)
+    async with aiolock.connect(url()) as locks:
+        lock = locks.lock(NAME, ttl=0.3)
+        lease = await lock.acquire()
+        await asyncio.sleep(0.25)  # renewed at ~0.1 s and ~0.2 s
+        assert d.get("aiolock.renewal.duration", backend="memory") >= 1
+        assert await lock.force_release()
+        await asyncio.wait_for(lease.wait_lost(), 2)
+        assert lease.lost
+    assert d.get("aiolock.leases.lost", backend="memory", kind="lock", outcome="revoked") == 1
+    assert d.get("aiolock.leases.lost") == 1
+    assert d.get("aiolock.leases.held") == 0
+
+
+async def test_lost_gone_when_the_server_dropped_it(otel: Telemetry) -> None:
+    d = Delta(otel)
+    async with aiolock.connect(url()) as locks:
+        lease = await locks.lock(NAME, ttl=5).acquire()
+        locks.backend._store.resources.clear()  # type: ignore[attr-defined]  # e.g. FLUSHALL
+        with pytest.raises(aiolock.LockLost):
+            await lease.extend()
+    assert d.get("aiolock.leases.lost", backend="memory", kind="lock", outcome="gone") == 1
+    assert d.get("aiolock.leases.held") == 0
+
+
+async def test_lost_closed_when_the_connection_closes_under_a_lease(otel: Telemetry) -> None:
+    d = Delta(otel)
+    locks = aiolock.connect(url())
+    lease = await locks.lock(NAME, ttl=5).acquire()
+    read = await locks.rwlock(NAME).read().acquire()
+    assert d.get("aiolock.leases.held") == 2
+    await locks.aclose()
+    assert lease.released and not lease.lost and read.released
+    assert d.get("aiolock.leases.lost", backend="memory", kind="lock", outcome="closed") == 1
+    assert d.get("aiolock.leases.lost", backend="memory", kind="read", outcome="closed") == 1
+    assert d.get("aiolock.leases.held") == 0
+    assert d.get("aiolock.hold.duration") == 2
+
+
+async def test_reentry_is_an_acquire_but_not_a_lease(otel: Telemetry) -> None:
+    d = Delta(otel)
+    async with aiolock.connect(url()) as locks:
+        lock = locks.lock(NAME, reentrant=True)
+        async with lock, lock:
+            assert d.get("aiolock.leases.held") == 1
+    assert d.get("aiolock.acquire.duration", outcome="granted") == 2
+    assert d.get("aiolock.hold.duration") == 1
+    assert d.get("aiolock.leases.held") == 0
+
+
+async def test_instruments_are_made_once(otel: Telemetry) -> None:
+    first = _telemetry._get()
+    assert first is not None
+    instruments = dict(vars(first))
+    async with aiolock.connect(url()) as locks:
+        for _ in range(3):
+            async with locks.lock(NAME):
+                pass
+    assert _telemetry._get() is first
+    assert dict(vars(first)) == instruments
+
+
+def test_every_loss_reason_of_the_core_has_its_outcome() -> None:
+    """Each reason string the core gives mark_lost() maps to a named outcome (a new or
+    reworded reason must be classified on purpose)."""
+    reasons: dict[str, str] = {}
+    for path in (ROOT / "aiolock").glob("*.py"):
+        for reason in re.findall(r'mark_lost\(\s*f?"([^"]*)"', path.read_text()):
+            reasons[reason] = _telemetry.loss_outcome(reason)
+    assert reasons == {
+        "its last confirmed expiry passed without a renewal": "expired",
+        "its last confirmed expiry passed before the renewal was sent": "expired",
+        "revoked by an operator (force_release)": "revoked",
+        "the server no longer has it (expired or taken over)": "gone",
+        "release failed ({exc}); it expires by its ttl": "expired",
+        "release failed ({exc})": "expired",
+    }
+
+
+def _child(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_without_opentelemetry_nothing_is_wrapped() -> None:
+    out = _child("""
+        import asyncio, sys
+        sys.modules["opentelemetry"] = None  # not installed
+        import aiolock
+        from aiolock import _telemetry
+        assert not _telemetry.AVAILABLE
+        assert aiolock.Lock.acquire.__code__.co_name == "acquire"
+        assert aiolock.Lease._release.__code__.co_name == "_release"
+        async def main():
+            async with aiolock.connect("memory://") as locks:
+                async with locks.lock("x", ttl=0.3):
+                    await asyncio.sleep(0.15)
+        asyncio.run(main())
+        assert not any(m.startswith("opentelemetry") and sys.modules[m] for m in sys.modules)
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_api_without_sdk_makes_no_span() -> None:
+    out = _child("""
+        import asyncio, sys
+        import aiolock
+        from aiolock import _telemetry
+        assert _telemetry.AVAILABLE
+        async def main():
+            async with aiolock.connect("memory://") as locks:
+                lock = locks.lock("x", ttl=0.3)
+                coro = lock.acquire()
+                assert coro.cr_code.co_name == "acquire", coro  # not the traced wrapper
+                lease = await coro
+                await asyncio.sleep(0.15)
+                await lease.release()
+        asyncio.run(main())
+        otel = _telemetry._get()
+        assert not otel.metrics_on() and not otel.traces_on()
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+async def test_duration_buckets_are_made_for_seconds(otel: Telemetry) -> None:
+    async with aiolock.connect(url()) as locks, locks.lock(NAME):
+        pass
+    data = otel.reader.get_metrics_data()
+    assert data is not None
+    bounds = {m.name: list(m.data.data_points[0].explicit_bounds)
+              for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+              if isinstance(m.data, Histogram) and m.data.data_points}
+    if bounds["aiolock.acquire.duration"][:3] == [0.0, 5.0, 10.0]:
+        pytest.skip("this opentelemetry-sdk ignores bucket advisories (1.23 does; 1.45 honours them)")
+    assert bounds["aiolock.acquire.duration"][:3] == [0.0005, 0.001, 0.0025]
+    assert bounds["aiolock.hold.duration"][-1] == 86400.0
