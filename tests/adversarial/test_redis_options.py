@@ -5,6 +5,7 @@ SPEC only."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 import uuid
 from typing import Any
@@ -291,3 +292,24 @@ async def test_unix_socket_url_with_db() -> None:
             admin.close()
     finally:
         server.close()
+
+
+async def test_tls_encrypted_client_key_with_password(tls_redis: TLSRedis, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """ssl_password decrypts the client key (README lists it): honoured or refused."""
+    f = tls_redis.files
+    enc = tmp_path / "client_key_enc.pem"
+    subprocess.run(["openssl", "pkey", "-in", str(f["client_key"]), "-aes256", "-passout",
+                    f"pass:{SECRET}", "-out", str(enc)], check=True, capture_output=True)
+    try:
+        locks = await _honoured_or_refused(("ssl_password",), tls_redis.url,
+                                           ssl_ca_certs=str(f["ca"]),
+                                           ssl_certfile=str(f["client"]),
+                                           ssl_keyfile=str(enc), ssl_password=SECRET,
+                                           connect_timeout=3)
+    except _Refused:
+        return
+    try:
+        async with asyncio.timeout(20):
+            await _handoff(locks)
+    finally:
+        await locks.aclose()
