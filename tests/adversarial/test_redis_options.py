@@ -8,6 +8,7 @@ import asyncio
 import subprocess
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -294,17 +295,24 @@ async def test_unix_socket_url_with_db() -> None:
         server.close()
 
 
-async def test_tls_encrypted_client_key_with_password(tls_redis: TLSRedis, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture
+def encrypted_key(tls_redis: TLSRedis, tmp_path: Path) -> Path:
+    enc = tmp_path / "client_key_enc.pem"
+    subprocess.run(["openssl", "pkey", "-in", str(tls_redis.files["client_key"]), "-aes256",
+                    "-passout", f"pass:{SECRET}", "-out", str(enc)],
+                   check=True, capture_output=True)
+    return enc
+
+
+async def test_tls_encrypted_client_key_with_password(tls_redis: TLSRedis,
+                                                      encrypted_key: Path) -> None:
     """ssl_password decrypts the client key (README lists it): honoured or refused."""
     f = tls_redis.files
-    enc = tmp_path / "client_key_enc.pem"
-    subprocess.run(["openssl", "pkey", "-in", str(f["client_key"]), "-aes256", "-passout",
-                    f"pass:{SECRET}", "-out", str(enc)], check=True, capture_output=True)
     try:
         locks = await _honoured_or_refused(("ssl_password",), tls_redis.url,
                                            ssl_ca_certs=str(f["ca"]),
                                            ssl_certfile=str(f["client"]),
-                                           ssl_keyfile=str(enc), ssl_password=SECRET,
+                                           ssl_keyfile=str(encrypted_key), ssl_password=SECRET,
                                            connect_timeout=3)
     except _Refused:
         return
