@@ -18,6 +18,7 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_pkgs+=(postgresql)
 command -v memcached >/dev/null 2>&1 || need_pkgs+=(memcached)
 [ -x /usr/sbin/mariadbd ] || need_pkgs+=(mariadb-server)
 command -v tmux >/dev/null 2>&1 || need_pkgs+=(tmux)  # tests drive `aiolock top` in it
+{ command -v etcd >/dev/null 2>&1 && command -v etcdctl >/dev/null 2>&1; } || need_pkgs+=(etcd-server etcd-client)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "installing: ${need_pkgs[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -29,6 +29,7 @@ SCHEMES: dict[str, tuple[str, str, str | None]] = {
     "redlock": ("aiolock.backends.redlock", "RedlockBackend", "redis"),
     "mysql": ("aiolock.backends.mysql", "MySQLBackend", "mysql"),
     "mariadb": ("aiolock.backends.mysql", "MySQLBackend", "mysql"),
+    "etcd": ("aiolock.backends.etcd", "EtcdBackend", "etcd"),
 }
 
 

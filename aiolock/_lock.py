@@ -12,10 +12,12 @@
    ``retry_after`` (the holder's remaining lease), so a missed signal costs at most one
    lease length, and by the caller's deadline.
 4. Cancellation safety: every claim has a unique owner id. If anything interrupts an
-   attempt that may have reached the server (cancellation, a dropped connection), the
-   claim is abandoned on the server -- released if it was granted, removed from the
-   queue, and barred from being granted late -- and for a cancellation this finishes
-   before ``CancelledError`` propagates.
+   attempt that may have reached the server (cancellation, a dropped connection), or a
+   wait during which a release may have handed the claim the lock (a backend may
+   register waiting claims on the server and grant them directly), the claim is
+   abandoned on the server -- released if it was granted, removed from the queue, and
+   barred from being granted late -- and for a cancellation this finishes before
+   ``CancelledError`` propagates.
 
 ``async with lock as lease`` additionally ties the lease to the block: when the lease is
 lost the body is cancelled (``on_lost="cancel"``), left running (``"raise"``) or a
@@ -120,11 +122,13 @@ class Lock:
         claim = Claim(
             self.name, self.kind, uuid.uuid4().hex, round(self.ttl * 1000), self.fair, self.limit,
             encode_holder(self.data, None if task is None else task.get_name()),
+            waits=wait != 0,
         )
         deadline = None if wait is None else time.monotonic() + wait
         local = locks.local(self._key)
         local.users += 1
         locks.acquiring(claim)
+        queued = False  # a busy attempt may have left the claim waiting on the server
         try:
             if not self.fair and local.idle(self.kind):
                 local.trying += 1
@@ -135,10 +139,13 @@ class Lock:
                 if isinstance(result, Granted):
                     return self._grant(claim, result, sent, task)
                 if wait == 0:
+                    if self.kind is Kind.WRITE:  # its busy try took a place readers respect
+                        await locks.uninterruptible(locks.abandon(claim))
                     raise self._timeout_error(wait)
+                queued = True
             elif wait == 0 and self.kind in _EXCLUSIVE and local.holds:
                 raise self._timeout_error(wait)  # held by another task here: no need to ask
-            return await self._wait(claim, deadline, local, task, wait)
+            return await self._wait(claim, deadline, local, task, wait, queued)
         finally:
             locks.acquired(claim)
             local.users -= 1
@@ -231,10 +238,12 @@ class Lock:
     @_telemetry.waiting
     async def _wait(
         self, claim: Claim, deadline: float | None, local: _Local, task: asyncio.Task[Any] | None,
-        wait: float | None,
+        wait: float | None, queued: bool,
     ) -> Lease:
-        if self.fair:
-            return await self._contend(claim, deadline, local, task, wait)
+        if self.fair or (queued and local.turn.locked()):
+            # A claim the fast path left waiting on the server (registered: the server may
+            # hand it the lock) must listen at once, not queue behind a local head.
+            return await self._contend(claim, deadline, local, task, wait, queued)
         # Queue behind the other local waiters of this name; only the head contends.
         failures = local.failures
         try:
@@ -243,14 +252,22 @@ class Lock:
             else:
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     await local.turn.acquire()
-        except TimeoutError:
-            raise self._timeout_error(wait) from None
+        except BaseException as exc:
+            if queued and isinstance(exc, asyncio.CancelledError):
+                await self._locks.uninterruptible(self._locks.abandon(claim))
+            elif queued:  # the fast path's attempt left it waiting on the server
+                self._locks.spawn(self._locks.abandon(claim))
+            if isinstance(exc, TimeoutError):
+                raise self._timeout_error(wait) from None
+            raise
         try:
             if local.failures != failures:  # the server went away while we queued
                 assert local.failure is not None
+                if queued:  # best effort: the server may be back
+                    self._locks.spawn(self._locks.abandon(claim))
                 raise BackendUnavailable(str(local.failure)) from local.failure
             try:
-                return await self._contend(claim, deadline, local, task, wait)
+                return await self._contend(claim, deadline, local, task, wait, queued)
             except BackendUnavailable as exc:  # tell those queued behind us (see _Local)
                 local.failures += 1
                 local.failure = exc
@@ -260,16 +277,18 @@ class Lock:
 
     async def _contend(
         self, claim: Claim, deadline: float | None, local: _Local, task: asyncio.Task[Any] | None,
-        wait: float | None,
+        wait: float | None, queued: bool,
     ) -> Lease:
         locks = self._locks
         locks.check_open()
         backend = locks.backend
         waiter = LocalWaiter(claim)
         locks.acquiring(claim, waiter)
-        if not self.fair:
+        head = not self.fair and local.head is None
+        if head:
             local.head = waiter
-        queued = False  # a fair claim may sit in the server's queue: abandon it on failure
+        # queued: the claim may wait on the server (any busy attempt may register it, and
+        # the server may then hand it the lock): abandon it on failure
         try:
             if wait == 0:  # one try, nothing to wait for (a fair claim may reach here)
                 queued = self.fair or self.kind is Kind.WRITE
@@ -278,6 +297,12 @@ class Lock:
                     queued = False
                     return self._grant(claim, result, sent, task)
                 raise self._timeout_error(wait)
+            # Held by another task of this process: its release wakes us directly (or
+            # hands us the lock), so the first attempt can wait for that -- unless the
+            # fast path left this claim registered on the server. After any wake-up, ask.
+            skip = self.kind in _EXCLUSIVE and head and not queued and local.holders > 0
+            # once listening, a release in this process may hand it the lock directly
+            queued = True
             if deadline is None:
                 await backend.listen(self.name, self.kind, waiter)
             else:
@@ -286,17 +311,12 @@ class Lock:
                         await backend.listen(self.name, self.kind, waiter)
                 except TimeoutError:
                     raise self._timeout_error(wait) from None
-            # Held by another task of this process: its release wakes us directly, so
-            # the first attempt can wait for that. After any wake-up, always ask.
-            skip = self.kind in _EXCLUSIVE and not self.fair and local.holders > 0
             while True:
                 locks.check_open()
                 if skip:
                     skip = False
                     retry_after = local.retry_after()
                 else:
-                    # a fair claim, or a waiting writer, keeps a place on the server
-                    queued = self.fair or self.kind is Kind.WRITE
                     result, sent = await self._attempt(claim, deadline, wait)
                     if isinstance(result, Granted):
                         queued = False
@@ -309,9 +329,11 @@ class Lock:
                     if left <= 0:
                         raise self._timeout_error(wait)
                     await waiter.wait(min(retry_after, left))
-        except BaseException:
-            if queued:
-                await locks.uninterruptible(locks.abandon(claim))
+        except BaseException as exc:
+            if queued and isinstance(exc, asyncio.CancelledError):
+                await locks.uninterruptible(locks.abandon(claim))  # before it propagates
+            elif queued:  # a timeout or an error: the caller need not wait for it
+                locks.spawn(locks.abandon(claim))
             raise
         finally:
             if local.head is waiter:

@@ -130,6 +130,9 @@ class Claim:
     limit: int = 1
     #: the holder record to store beside the claim (see :mod:`aiolock._holder`)
     info: str = ""
+    #: False for a single try (``timeout=0``): a backend that registers waiting claims
+    #: on the server (to wake or hand the lock to one of them) must not register it
+    waits: bool = True
     #: backend-private state (e.g. a ZooKeeper node path); the core never reads it
     state: dict[str, object] = field(default_factory=dict)
 

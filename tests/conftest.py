@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -34,6 +35,8 @@ BACKENDS += [
         ("redlock", "aiolock.backends.redlock"),
     ) if importlib.util.find_spec(module) is not None
 ]
+if importlib.util.find_spec("etcd3aio") is not None and shutil.which("etcd") is not None:
+    BACKENDS += ["etcd", "etcd-cluster"]
 
 
 @pytest.fixture(scope="session")
@@ -104,6 +107,24 @@ def redlock_url(servers: list[RedisServer]) -> str:
     return "redlock://" + ",".join(f"127.0.0.1:{s.port}" for s in servers)
 
 
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[Any]:
+    from .etcd_server import EtcdServer
+
+    server = EtcdServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster() -> Iterator[Any]:
+    from .etcd_server import EtcdCluster
+
+    cluster = EtcdCluster(3).start()
+    yield cluster
+    cluster.close()
+
+
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
@@ -131,6 +152,9 @@ def backend_url(request: pytest.FixtureRequest) -> str:
         return str(request.getfixturevalue("redis_sentinel").url)
     if request.param == "redlock":
         return redlock_url(request.getfixturevalue("redlock_servers"))
+    if request.param.startswith("etcd"):  # a fresh key prefix per test
+        etcd = request.getfixturevalue("etcd_cluster" if request.param == "etcd-cluster" else "etcd_server")
+        return f"{etcd.url}?prefix=aiolock-{uuid.uuid4().hex[:8]}"
     server: RedisServer = request.getfixturevalue("redis_server")
     return server.url
 

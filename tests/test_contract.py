@@ -427,10 +427,13 @@ async def test_semaphore_dead_holder_permit_expires(backend_url: str, name: str)
 
 async def test_crashed_holder_frees_within_ttl(backend_url: str, name: str) -> None:
     # memcached expiries are whole seconds: ceil(ttl) + 2 at worst (see its module doc);
-    # MySQL's wait_timeout too: ceil(ttl) after the last renewal
+    # MySQL's wait_timeout too: ceil(ttl) after the last renewal; etcd leases are whole
+    # seconds (at least 1), swept every 0.5 s (see its module doc)
     slack = 2.5 if backend_url.startswith("memcached://") else 0.0
     if backend_url.startswith(("mysql://", "mariadb://")):
         slack = 0.5
+    if backend_url.startswith("etcd://"):
+        slack = 1.5
     async with aiolock.connect(backend_url) as locks:
         crashed = aiolock.connect(backend_url)
         await crashed.__aenter__()

@@ -234,3 +234,38 @@ def test_misspelled_query_option_is_refused(url: str) -> None:
     with pytest.raises(ValueError) as info:
         aiolock.connect(url)
     assert "secret" not in str(info.value)
+
+
+# -- cancellation on the redis-py path (options that send the scripts through redis.asyncio)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_cancel_is_never_swallowed_on_the_redis_py_path(
+    redis_server: RedisServer, seed: int
+) -> None:
+    """redis-py writes through asyncio.wait_for(), which on Python 3.11 can swallow a
+    cancellation (the adversarial suite found acquire() then waiting on as if never
+    cancelled); with seed 1 the old code hung in round 1."""
+    import random
+
+    rng = random.Random(seed)
+    opts = {"health_check_interval": 30}  # an option only redis-py honours
+    async with aiolock.connect(redis_server.url, **opts) as a, \
+            aiolock.connect(redis_server.url, **opts) as b:
+        name = _name()
+        for _ in range(25):
+            holder = await a.lock(name, ttl=5).acquire() if rng.random() < 0.5 else None
+            task = asyncio.create_task(b.lock(name, ttl=5).acquire())
+            for _ in range(rng.randrange(0, 15)):
+                await asyncio.sleep(0)
+            task.cancel()
+            try:
+                async with asyncio.timeout(5):
+                    lease = await task
+            except asyncio.CancelledError:
+                lease = None
+            if lease is not None:
+                await lease.release()
+            if holder is not None:
+                await holder.release()
+            assert not (await b.status(name)).held

@@ -45,7 +45,8 @@ ACL_COMMANDS = ("+ping", "+evalsha", "+script|load", "+subscribe", "+unsubscribe
                 "+publish")
 #: What the Lua scripts run (Redis checks a script's commands against the ACL too).
 ACL_SCRIPT_COMMANDS = ("+get", "+set", "+del", "+exists", "+incr", "+pexpire", "+pttl",
-                       "+hget", "+hset", "+hdel", "+lindex", "+llen", "+lpop", "+lrem",
+                       "+hget", "+hmget", "+hset", "+hdel", "+lindex", "+llen", "+lpop",
+                       "+lpos", "+lrem",
                        "+rpush", "+zadd", "+zcard", "+zcount", "+zrange", "+zrangebyscore",
                        "+zrem", "+zscore", "+time")
 ACL_LINE = ("user aiolock on >s3cret-pw resetkeys ~aiolock:* resetchannels &aiolock:* -@all "

@@ -156,9 +156,11 @@ async def test_graceful_failover_while_held_lease_survives_and_waiter_follows(
         assert not lease.lost and not waiter.done()  # no second holder
 
         # the waiter's pub/sub connection moves to the new master (the sentinel kills
-        # client connections on the demoted one) and resubscribes there
+        # client connections on the demoted one) and resubscribes there (a plain lock's
+        # waiter listens on its process's inbox)
+        inbox = backend_of(b).inbox
         await until("the waiter subscribed on the new master",
-                    lambda: subscribed(new, key), 30)
+                    lambda: subscribed(new, inbox), 30)
         assert not waiter.done()
         released = time.monotonic()
         await lease.release()

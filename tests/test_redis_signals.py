@@ -39,18 +39,19 @@ class _Waiter:
 
 async def test_listeners_on_many_names_subscribing_at_once_are_all_woken(backend: RedisBackend) -> None:
     """Ten first listeners subscribe concurrently: the one pub/sub connection must carry
-    them all (redis-py once read only the last of several concurrent subscribes)."""
+    them all (redis-py once read only the last of several concurrent subscribes). Per-lock
+    channels serve read-write locks and semaphores; plain locks listen via one inbox."""
     waiters = [_Waiter() for _ in range(10)]
     names = [f"many-{uuid.uuid4().hex[:12]}" for _ in waiters]
     async with asyncio.timeout(3):
-        await asyncio.gather(*(backend.listen(n, Kind.LOCK, w) for n, w in zip(names, waiters, strict=True)))
+        await asyncio.gather(*(backend.listen(n, Kind.READ, w) for n, w in zip(names, waiters, strict=True)))
     publisher = getattr(backend, "cluster", None) or backend.client
     for n in names:
-        await publisher.publish(backend._base(n), "someone|")
+        await publisher.publish(backend._base(n, Kind.READ), "someone|")
     async with asyncio.timeout(3):
         await asyncio.gather(*(w.woken.wait() for w in waiters))
     for n, w in zip(names, waiters, strict=True):
-        backend.unlisten(n, Kind.LOCK, w)
+        backend.unlisten(n, Kind.READ, w)
 
 
 async def test_idle_channels_are_unsubscribed_under_steady_traffic(
@@ -63,19 +64,19 @@ async def test_idle_channels_are_unsubscribed_under_steady_traffic(
     monkeypatch.setattr(_redis_pubsub, "IDLE_UNSUBSCRIBE", 0.3)
     busy, idle = _Waiter(), _Waiter()
     busy_name, idle_name = f"busy-{uuid.uuid4().hex[:8]}", f"idle-{uuid.uuid4().hex[:8]}"
-    await backend.listen(busy_name, Kind.LOCK, busy)
-    await backend.listen(idle_name, Kind.LOCK, idle)
-    backend.unlisten(idle_name, Kind.LOCK, idle)
+    await backend.listen(busy_name, Kind.READ, busy)
+    await backend.listen(idle_name, Kind.READ, idle)
+    backend.unlisten(idle_name, Kind.READ, idle)
     publisher = getattr(backend, "cluster", None) or backend.client
     signals: Any = backend.signals
     for _ in range(20):  # 3 s of traffic, a message every 0.15 s
-        await publisher.publish(backend._base(busy_name), "someone|")
+        await publisher.publish(backend._base(busy_name, Kind.READ), "someone|")
         await asyncio.sleep(0.15)
-        if backend._base(idle_name) not in signals._confirmed:
+        if backend._base(idle_name, Kind.READ) not in signals._confirmed:
             break
-    assert backend._base(idle_name) not in signals._confirmed
-    assert backend._base(busy_name) in signals._confirmed
-    backend.unlisten(busy_name, Kind.LOCK, busy)
+    assert backend._base(idle_name, Kind.READ) not in signals._confirmed
+    assert backend._base(busy_name, Kind.READ) in signals._confirmed
+    backend.unlisten(busy_name, Kind.READ, busy)
 
 
 async def test_many_concurrent_requests_queue_instead_of_failing(backend: RedisBackend) -> None:

@@ -37,31 +37,42 @@ async def run(r: Any, script: Script, k: list[str], *args: Any) -> Any:
     return await r.eval(script.source, len(k), *k, *args)
 
 
-async def acquire(r: Any, owner: str, ttl: int = 10_000, fair: bool = False) -> list[int]:
-    return await run(r, ACQUIRE, keys("n", owner), owner, ttl, "1" if fair else "0", ttl)
+async def acquire(r: Any, owner: str, ttl: int = 10_000, fair: bool = False,
+                  wttl: int | None = None) -> list[int]:
+    return await run(r, ACQUIRE, keys("n", owner), owner, ttl, "1" if fair else "0",
+                     ttl if wttl is None else wttl, "inbox-" + owner)
+
+
+async def release_reply(r: Any, owner: str, abandon: bool = False, mark: int = 0,
+                        heir: str = "") -> list[Any]:
+    return await run(r, RELEASE, keys("n", owner), owner, "chan", "1" if abandon else "0",
+                     60_000 if abandon else mark, heir, 5_000 if heir else 0)
 
 
 async def release(r: Any, owner: str, abandon: bool = False, mark: int = 0) -> int:
-    return await run(r, RELEASE, keys("n", owner), owner, "chan", "1" if abandon else "0",
-                     60_000 if abandon else mark)
+    return int((await release_reply(r, owner, abandon, mark))[0])
 
 
 async def test_grant_busy_release(r: Any) -> None:
     assert await acquire(r, "a") == [1, 1, 10_000]
-    busy = await acquire(r, "b")
+    busy = await acquire(r, "b", wttl=0)  # a single try: not registered
     assert busy[0] == 0 and 9_000 < busy[1] <= 10_000  # the holder's remaining ttl
+    assert busy[2] == 1  # the holder's token
+    assert not await r.exists("aiolock:lock:{n}:q")
+    busy = await acquire(r, "b")  # registered: retry within a third of its waiter ttl
+    assert busy[0] == 0 and 3_000 < busy[1] <= 10_000 // 3
     again = await acquire(r, "a")  # a repeated grant (lost reply) is the same grant
     assert again[0] == 1 and again[1] == 1
     assert await release(r, "b") == 0  # not the owner: nothing happens
-    assert await release(r, "a") == 1
+    assert await release(r, "a") == 1  # ...and b is handed the lock
     assert await release(r, "a") == 0  # idempotent
     assert (await acquire(r, "b"))[:2] == [1, 2]  # tokens keep rising
 
 
 async def test_token_counter_never_expires(r: Any) -> None:
-    await acquire(r, "a", ttl=5)
+    await acquire(r, "a", ttl=500)
     assert await r.ttl("aiolock:lock:{n}:seq") == -1
-    assert 0 < await r.pttl("aiolock:lock:{n}") <= 5
+    assert 0 < await r.pttl("aiolock:lock:{n}") <= 500
 
 
 async def test_abandon_bars_a_late_grant(r: Any) -> None:
@@ -74,6 +85,99 @@ async def test_abandon_releases_a_granted_claim(r: Any) -> None:
     await acquire(r, "a")
     assert await release(r, "a", abandon=True) == 1
     assert not await r.exists("aiolock:lock:{n}")
+
+
+async def test_release_hands_the_lock_to_the_first_live_waiter_and_says_so(r: Any) -> None:
+    """Wake ONE: the release grants the next waiter and publishes one message naming it."""
+    pubsub = r.pubsub()
+    await pubsub.subscribe("inbox-b")
+    await acquire(r, "a")
+    await acquire(r, "dead", wttl=1)  # its place lapses in 1 ms
+    await acquire(r, "gone")
+    await release(r, "gone", abandon=True)  # left: never handed the lock
+    await acquire(r, "b")
+    await acquire(r, "c")
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    assert await release_reply(r, "a") == [1, b"b", 2, 0]  # "dead" and "gone" skipped
+    owner, token = await r.hmget("aiolock:lock:{n}", "owner", "token")
+    assert owner == b"b" and token == b"2"
+    assert 9_000 < await r.pttl("aiolock:lock:{n}") <= 10_000  # b's own ttl
+    msgs = []
+    for _ in range(10):
+        m = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
+        if m:
+            msgs.append(m["data"])
+    assert msgs == [b"aiolock:lock:{n}|b|" + token]  # on b's inbox only
+    assert await r.lrange("aiolock:lock:{n}:q", 0, -1) == [b"c"]
+    assert (await acquire(r, "b"))[:2] == [1, int(token)]  # b learns it by asking, too
+    await pubsub.aclose()
+
+
+async def test_abandon_of_a_handed_claim_hands_it_on(r: Any) -> None:
+    await acquire(r, "a")
+    await acquire(r, "b")
+    await acquire(r, "c")
+    await release(r, "a")  # to b, who is cancelled before it hears
+    assert await release(r, "b", abandon=True) == 1
+    assert (await r.hget("aiolock:lock:{n}", "owner")) == b"c"
+    assert (await acquire(r, "b"))[0] == -1
+
+
+async def test_abandon_while_free_hands_it_to_the_next(r: Any) -> None:
+    """The lock is free (its holder's lease lapsed) while others wait: an abandon (a
+    waiter giving up) hands it to the next live waiter rather than leave it idle."""
+    await acquire(r, "a", ttl=20)
+    await acquire(r, "remote")
+    import asyncio
+
+    await asyncio.sleep(0.05)
+    assert not await r.exists("aiolock:lock:{n}")
+    await release(r, "leaving", abandon=True)
+    assert (await r.hget("aiolock:lock:{n}", "owner")) == b"remote"
+
+
+async def test_release_hands_it_to_a_named_local_waiter(r: Any) -> None:
+    """A local hand-off: the release names a waiting claim of its own process, which gets
+    it past the queue (told in the reply, no message); an abandoned one does not."""
+    pubsub = r.pubsub()
+    await pubsub.subscribe("inbox-remote")
+    await acquire(r, "a")
+    await acquire(r, "remote")
+    await acquire(r, "local")  # registered too: it leaves the queue when handed the lock
+    assert await release_reply(r, "a", heir="local") == [1, b"local", 2, 1]
+    assert await r.lrange("aiolock:lock:{n}:q", 0, -1) == [b"remote"]
+    assert 4_000 < await r.pttl("aiolock:lock:{n}") <= 5_000  # the heir's ttl
+    assert await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1) is None
+    assert (await acquire(r, "local"))[:2] == [1, 2]
+    await release(r, "gone", abandon=True)
+    assert await release_reply(r, "local", heir="gone") == [1, b"remote", 3, 0]
+    await pubsub.aclose()
+
+
+async def test_non_fair_takes_a_free_lock_past_the_queue(r: Any) -> None:
+    await acquire(r, "a", ttl=20)
+    await acquire(r, "remote")
+    import asyncio
+
+    await asyncio.sleep(0.05)  # a's lease lapsed: nobody was handed it
+    assert (await acquire(r, "newcomer"))[0] == 1
+    assert await r.lrange("aiolock:lock:{n}:q", 0, -1) == [b"remote"]
+    await release(r, "newcomer")
+    assert (await r.hget("aiolock:lock:{n}", "owner")) == b"remote"
+
+
+async def test_busy_reply_token_exposes_a_stale_grant(r: Any) -> None:
+    await acquire(r, "a", ttl=20)
+    await acquire(r, "b", ttl=20)
+    await release(r, "a")  # b is handed token 2 with a 20 ms lease...
+    import asyncio
+
+    await asyncio.sleep(0.05)  # ...which lapses before b hears of it
+    await acquire(r, "c")
+    busy = await acquire(r, "b")
+    assert busy[0] == 0 and busy[2] >= 2  # b may not believe a grant of token <= 2
 
 
 async def test_renew_batch(r: Any) -> None:
@@ -105,18 +209,18 @@ async def test_fair_abandon_leaves_queue_and_wakes_next(r: Any) -> None:
     await acquire(r, "c", fair=True)
     await release(r, "b", abandon=True)
     assert await r.lrange("aiolock:lock:{n}:q", 0, -1) == [b"c"]
-    await release(r, "a")
+    await release(r, "a")  # hands it to c
     assert (await acquire(r, "c", fair=True))[0] == 1
 
 
 async def test_fair_dead_waiter_is_skipped(r: Any) -> None:
     await acquire(r, "a", fair=True)
-    await run(r, ACQUIRE, keys("n", "dead"), "dead", 10_000, "1", 1)  # place lapses in 1 ms
+    await run(r, ACQUIRE, keys("n", "dead"), "dead", 10_000, "1", 1, "i")  # lapses in 1 ms
     await acquire(r, "b", fair=True)
-    await release(r, "a")
     import asyncio
 
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # the dead place lapsed before the release: it is skipped
+    await release(r, "a")
     assert (await acquire(r, "b", fair=True))[0] == 1
 
 

@@ -1,12 +1,18 @@
 """Release signals for the Redis backend: ONE pub/sub connection carries every channel.
 
-``RELEASE`` publishes on the lock's channel (payload: ``<releaser>|<next fair waiter>``).
-A release made by this process already woke its local waiter directly (see
-``aiolock._locks``), so its echo is dropped unless it names a fair waiter.
-:class:`Signals` subscribes to a channel when the first waiter of this
-backend listens to it, wakes that channel's waiters on each message, and keeps the
-subscription for :data:`IDLE_UNSUBSCRIBE` seconds after the last waiter left, so a lock
-handed from task to task does not resubscribe each time.
+A plain lock's ``RELEASE`` hands the lock to the next waiter on the server and publishes
+``<lock key>|<new owner>|<token>`` on that waiter's *inbox*: one channel per process
+(per :class:`Signals`), through which all its plain-lock waiters listen (``listen(...,
+via=inbox)``), so only the process concerned hears it. :class:`Signals` wakes only that
+owner's waiter (the claims this process registers as waiters are :attr:`Signals.claims`)
+and leaves the grant in its ``claim.state`` for the backend. Read-write locks and
+semaphores publish ``<releaser>|<first queued owner or ''>`` on the lock's own channel and
+wake every waiter of it; a release made by this process already woke its local waiter
+directly (see ``aiolock._locks``), so its echo is dropped unless it names one.
+:class:`Signals` subscribes to a channel when the first waiter of this backend listens
+to it, and keeps the subscription for :data:`IDLE_UNSUBSCRIBE` seconds after the last
+waiter left (an inbox stays), so a lock handed from task to task does not resubscribe
+each time.
 
 A waiter only starts waiting once its subscription is confirmed, so a release after that
 is never missed while the connection is up; a subscription that cannot be made fails its
@@ -25,7 +31,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from ..abc import Waiter
+from ..abc import Claim, Waiter
 from ..errors import AccessDenied
 from ._redis_errors import redis_error
 
@@ -51,16 +57,26 @@ class Signals:
         self._swept = time.monotonic()  # last look for idle channels
         self._rewake: set[str] = set()
         self._local_releases: set[str] = set()  # owner ids released by this process
+        #: owner id -> a claim of this process registered as a waiter on the server
+        #: (plain locks), so that a grant naming it finds it (see the module doc)
+        self.claims: dict[str, Claim] = {}
+        self._inboxes: set[str] = set()  # channels that carry hand-offs of many locks
         self._background: set[asyncio.Future[None]] = set()
         self._subscribing = asyncio.Lock()
         self._closed = False
 
-    async def listen(self, channel: str, waiter: Waiter) -> None:
+    async def listen(self, channel: str, waiter: Waiter, via: str | None = None) -> None:
+        """Deliver ``channel``'s signals to ``waiter`` once its subscription (to ``via``,
+        an inbox, if given) is confirmed, or the request timeout passed."""
         waiters = self._waiters.get(channel)
         if waiters is None:
             waiters = self._waiters[channel] = set()
         waiters.add(waiter)
-        self._idle_since.pop(channel, None)
+        if via is None:
+            self._idle_since.pop(channel, None)
+        else:
+            self._inboxes.add(via)
+            channel = via
         confirmed = self._confirmed.get(channel)
         if confirmed is None:
             confirmed = self._confirmed[channel] = asyncio.get_running_loop().create_future()
@@ -145,6 +161,32 @@ class Signals:
         self._local_releases.add(owner)
         return True
 
+    def mark(self, channel: str) -> object | None:
+        """A token for "subscribed and confirmed now", or None; see :meth:`unbroken`."""
+        confirmed = self._confirmed.get(channel)
+        return confirmed if confirmed is not None and confirmed.done() else None
+
+    def unbroken(self, channel: str, mark: object | None) -> bool:
+        """True if ``channel`` stayed subscribed, with no message possibly lost, since
+        :meth:`mark` gave ``mark`` (every break replaces the channel's future)."""
+        return mark is not None and self._confirmed.get(channel) is mark
+
+    def waiting(self, channel: str) -> list[Waiter]:
+        """The waiters of this process listening on ``channel`` now."""
+        return list(self._waiters.get(channel, ()))
+
+    def granted(self, channel: str, owner: str, token: int, claim: Claim | None = None) -> None:
+        """A release handed the lock to ``owner`` with ``token``: if that claim waits in
+        this process (or is ``claim``), leave the grant for the backend and wake its
+        waiter."""
+        claim = self.claims.pop(owner, None) or claim
+        if claim is None:
+            return  # another process's claim
+        claim.state["grant"] = token
+        for waiter in self._waiters.get(channel, ()):
+            if waiter.claim is claim:
+                waiter.wake(owner)
+
     def forget_local_release(self, owner: str) -> None:
         self._local_releases.discard(owner)
 
@@ -154,7 +196,8 @@ class Signals:
             waiters.discard(waiter)
             if not waiters:
                 del self._waiters[channel]
-                self._idle_since[channel] = time.monotonic()
+                if channel in self._confirmed:  # not for a lock that listens via an inbox
+                    self._idle_since[channel] = time.monotonic()
 
     def _wake_all(self) -> None:
         for waiters in list(self._waiters.values()):
@@ -190,6 +233,10 @@ class Signals:
             channel = _text(message["channel"])
             if kind == "message":
                 releaser, _, hint = _text(message["data"]).partition("|")
+                if channel in self._inboxes:  # a plain lock handed to one of our claims
+                    lock, owner, token = _text(message["data"]).rsplit("|", 2)
+                    self.granted(lock, owner, int(token))
+                    continue
                 if releaser in self._local_releases:
                     self._local_releases.discard(releaser)
                     if not hint:
@@ -202,8 +249,12 @@ class Signals:
                     fut.set_result(None)
                 elif fut is not None:  # confirmed again: redis-py resubscribed after a
                     self._rewake.add(channel)  # silent reconnect, messages may be lost
+                    again = self._confirmed[channel] = asyncio.get_running_loop().create_future()
+                    again.set_result(None)  # a new mark: see unbroken()
                 if channel in self._rewake:  # catch releases made while we were cut off
                     self._rewake.discard(channel)
+                    if channel in self._inboxes:
+                        self._wake_all()
                     for waiter in list(self._waiters.get(channel, ())):
                         waiter.wake()
 

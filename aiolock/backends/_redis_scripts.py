@@ -5,9 +5,12 @@ the hash tag ``{<escaped name>}`` so they live in one cluster slot:
 
     KEYS[1]  lock hash        fields owner, token; expires with the lease (PEXPIRE)
     KEYS[2]  token counter    INCR'ed per grant; never expires, so tokens never repeat
-    KEYS[3]  fair queue       list of waiting owner ids, in arrival order
-    KEYS[4]  fair deadlines   zset owner id -> server-clock ms after which the place lapses
-    KEYS[5]  tombstone        of one claim: set by an abandon, it bars a late grant
+    KEYS[3]  queue            list of waiting owner ids, in arrival order
+    KEYS[4]  queue deadlines  zset owner id -> server-clock ms after which the place lapses
+                              (read-write locks and semaphores; plain locks use KEYS[5])
+    KEYS[5]  waiter key       of one claim: its tombstone, set by an abandon, bars a late
+                              grant; for a plain lock it also registers a waiting claim
+                              (see ``ACQUIRE``)
 
 Read-write locks and semaphores add two keys (``ACQUIRE_SHARED``, ``RELEASE_SHARED``):
 
@@ -72,90 +75,157 @@ end
 """
 
 
+#: Waiting on a plain lock (``ACQUIRE``/``RELEASE``), fair or not: wake ONE waiter.
+#:
+#: A claim that will wait registers when it finds the lock busy: its owner id goes at the
+#: end of the list KEYS[3] and its *waiter key* ``<KEYS[1]>:x:<owner>`` (KEYS[5] of its
+#: own calls; same hash tag, so the same cluster slot) holds ``<lease ttl ms>|<inbox>``,
+#: expiring after the waiter ttl unless the waiter comes back (it does, every third of
+#: that). A release hands the lock straight to the first live waiter of the list -- new
+#: token, lease of that waiter's ttl -- and publishes ``<KEYS[1]>|<new owner>|<token>``
+#: on that waiter's *inbox*, a pub/sub channel of its process: one message, heard by one
+#: process, no retry round trip. Entries whose waiter key lapsed (a dead process) or
+#: holds a tombstone are skipped. The waiter key also holds the tombstone (``'a'``, an
+#: abandoned claim) and the release marker (``'r'``), which bar a grant.
+#:
+#: A release may instead name a waiting claim of its own process (ARGV[5]): it hands the
+#: lock to that one, queue or not, and says so in its reply (a local hand-off) -- the
+#: backend bounds how many times in a row it does that while others wait. A non-fair
+#: claim may also take a free lock at once, queue or not.
+#:
+#: Lua helper of ACQUIRE and RELEASE: a waiter key's value ``<lease ttl ms>|<inbox>``
+#: -> ttl, inbox; nil for anything else (none, a tombstone, a release marker).
+_WAITER = """
+local function registration(x)
+  if not x then return nil end
+  local ttl, inbox = string.match(x, '^(%d+)|(.+)$')
+  return tonumber(ttl), inbox
+end
+"""
+
 #: ACQUIRE -- grant the lock to one claim, or say how long to wait.
-#: KEYS     as in the module doc (all five)
+#: KEYS     as in the module doc (KEYS[4] unused)
 #: ARGV[1]  owner id of the claim       ARGV[2]  lease ttl, ms
-#: ARGV[3]  "1" for a fair claim        ARGV[4]  fair waiter ttl, ms (its place lapses
-#:          unless it comes back within that)
+#: ARGV[3]  "1" for a fair claim (a free lock goes to the first live waiter only)
+#: ARGV[4]  waiter ttl, ms: register as a waiter when busy (its place lapses unless it
+#:          comes back within that); "0": do not register (a single try)
+#: ARGV[5]  the waiter's inbox: the pub/sub channel of its process (registered only)
 #: returns  {1, token, ttl_ms}  granted (also if this owner already holds it)
-#:          {0, retry_ms}       busy: the holder's remaining ttl, or (fair) when to
-#:                              come back to keep one's place
-#:          {-1}                the claim was abandoned
-ACQUIRE = Script("acquire", _LIB + """
-if redis.call('exists', KEYS[5]) == 1 then return {-1} end
-local holder = redis.call('hget', KEYS[1], 'owner')
-if holder == ARGV[1] then
-  return {1, tonumber(redis.call('hget', KEYS[1], 'token')), redis.call('pttl', KEYS[1])}
+#:          {0, retry_ms, token} busy: retry within the holder's remaining ttl (and,
+#:                              registered, within a third of the waiter ttl); token:
+#:                              the holder's (or the counter's), which a grant message
+#:                              for this claim must exceed to be believed
+#:          {-1}                the claim was abandoned (or released)
+ACQUIRE = Script("acquire", _LIB + _WAITER + """
+local me = ARGV[1]
+local lock = redis.call('hmget', KEYS[1], 'owner', 'token')
+if lock[1] == me then
+  return {1, tonumber(lock[2]), redis.call('pttl', KEYS[1])}
 end
-local fair = ARGV[3] == '1'
-local now = 0
-local head = false
-if fair then
-  now = server_now()
-  head = queue_head(now)
-end
-if not holder and (not head or head == ARGV[1]) then
-  if head then
-    redis.call('lpop', KEYS[3])
-    redis.call('zrem', KEYS[4], head)
+local ttl = tonumber(ARGV[2])
+local wttl = tonumber(ARGV[4])
+local retry, seen
+if not lock[1] then
+  local x = redis.call('get', KEYS[5])
+  if x and not registration(x) then return {-1} end
+  local head = false
+  if ARGV[3] == '1' then  -- fair: only the first live waiter may take a free lock
+    head = redis.call('lindex', KEYS[3], 0)
+    while head and head ~= me and not registration(redis.call('get', KEYS[1] .. ':x:' .. head)) do
+      redis.call('lpop', KEYS[3])
+      head = redis.call('lindex', KEYS[3], 0)
+    end
   end
-  local token = redis.call('incr', KEYS[2])
-  redis.call('hset', KEYS[1], 'owner', ARGV[1], 'token', token)
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return {1, token, tonumber(ARGV[2])}
-end
-local retry = 0
-if holder then
+  if not head or head == me then
+    if x then  -- it was registered: leave the queue
+      redis.call('lrem', KEYS[3], 1, me)
+      redis.call('del', KEYS[5])
+    end
+    local token = redis.call('incr', KEYS[2])
+    redis.call('hset', KEYS[1], 'owner', me, 'token', token)
+    redis.call('pexpire', KEYS[1], ttl)
+    return {1, token, ttl}
+  end
+  retry = redis.call('pttl', KEYS[1] .. ':x:' .. head)  -- until the head's place lapses
+  seen = tonumber(redis.call('get', KEYS[2]) or '0')
+else
   retry = redis.call('pttl', KEYS[1])
-  if retry < 1 then retry = 1 end  -- expiring now (or no expiry): look again at once
+  seen = tonumber(lock[2])
 end
-if fair then
-  local wttl = tonumber(ARGV[4])
-  if not redis.call('zscore', KEYS[4], ARGV[1]) then redis.call('rpush', KEYS[3], ARGV[1]) end
-  redis.call('zadd', KEYS[4], now + wttl, ARGV[1])
-  for i = 3, 4 do
-    if redis.call('pttl', KEYS[i]) < 2 * wttl then redis.call('pexpire', KEYS[i], 2 * wttl) end
+if wttl > 0 then
+  local old = redis.call('set', KEYS[5], ARGV[2] .. '|' .. ARGV[5], 'PX', wttl, 'GET')
+  if old and not registration(old) then  -- a tombstone (or release marker): put it back
+    redis.call('set', KEYS[5], old, 'PX', math.max(60000, 2 * ttl))
+    return {-1}
   end
-  if not holder then
-    retry = tonumber(redis.call('zscore', KEYS[4], head)) - now
+  if not old or not redis.call('lpos', KEYS[3], me) then
+    redis.call('rpush', KEYS[3], me)
   end
+  redis.call('pexpire', KEYS[3], math.max(2 * wttl, 600000))
   local refresh = math.floor(wttl / 3)
-  if retry <= 0 or retry > refresh then retry = refresh end
+  if retry > refresh then retry = refresh end
 end
-return {0, retry}
+if retry < 1 then retry = 1 end
+return {0, retry, seen}
 """)
 
-#: RELEASE -- give the lock back if this owner holds it; wake the next waiter.
-#: KEYS     as in the module doc (KEYS[2] unused)
-#: ARGV[1]  owner id     ARGV[2]  pub/sub channel of the lock
-#: ARGV[3]  "1" to abandon: also leave the fair queue and set the tombstone, which
-#:          lives ARGV[4] ms, so an ACQUIRE of this claim still in flight cannot grant;
+#: RELEASE -- give the lock back if this owner holds it, handing it to the next waiter.
+#: KEYS     as in the module doc (KEYS[4] unused)
+#: ARGV[1]  owner id     ARGV[2]  unused (the lock's channel)
+#: ARGV[3]  "1" to abandon: also leave the queue and set the tombstone, which lives
+#:          ARGV[4] ms, so an ACQUIRE of this claim still in flight cannot grant; if the
+#:          lock is free, hand it to the next waiter (this claim may have been the one
+#:          expected to take it);
 #:          "0" to release: if ARGV[4] > 0, a release also leaves a marker ('r', ARGV[4]
 #:          ms) so that a repeat of it (a client that resent it after a lost reply)
 #:          still returns 1
-#: publishes ``<releasing owner id>|<owner id of the next fair waiter, or ''>`` when the
-#:          lock was freed (or the head of the fair queue left)
-#: returns  1 if this owner held the lock (now released), else 0
-RELEASE = Script("release", _LIB + """
+#: ARGV[5]  owner id of a waiting claim of this process to hand the lock to (unless
+#:          it was abandoned), lease ARGV[6] ms; '': hand it to the first live waiter
+#: publishes ``<KEYS[1]>|<new owner>|<token>`` on the new owner's inbox when it handed
+#:          the lock over (only that process hears it)
+#: returns  {released, new owner or '', its token or 0, queue length (after a local
+#:          hand-off; else 0)}
+#:          released: 1 if this owner held the lock (now released), else 0
+RELEASE = Script("release", _LIB + _WAITER + """
+local me = ARGV[1]
+local holder = redis.call('hget', KEYS[1], 'owner')
 local released = 0
-local wake = false
-if redis.call('hget', KEYS[1], 'owner') == ARGV[1] then
-  redis.call('del', KEYS[1])
+local free = false
+if holder == me then
   released = 1
-  wake = true
+  free = true
 end
 released = release_marker(released)
 if ARGV[3] == '1' then
-  redis.call('set', KEYS[5], '1', 'PX', ARGV[4])
-  if redis.call('zrem', KEYS[4], ARGV[1]) == 1 then
-    if redis.call('lindex', KEYS[3], 0) == ARGV[1] then wake = true end
-    redis.call('lrem', KEYS[3], 1, ARGV[1])
+  redis.call('set', KEYS[5], 'a', 'PX', ARGV[4])
+  redis.call('lrem', KEYS[3], 1, me)
+  if not holder then free = true end
+end
+if not free then return {released, '', 0, 0} end
+if ARGV[5] ~= '' and holder then
+  local x = redis.call('get', KEYS[1] .. ':x:' .. ARGV[5])
+  if not x or registration(x) then
+    if x then redis.call('lrem', KEYS[3], 1, ARGV[5]) end
+    local token = redis.call('incr', KEYS[2])
+    redis.call('hset', KEYS[1], 'owner', ARGV[5], 'token', token)
+    redis.call('pexpire', KEYS[1], ARGV[6])
+    return {released, ARGV[5], token, redis.call('llen', KEYS[3])}
   end
 end
-if wake then
-  redis.call('publish', ARGV[2], ARGV[1] .. '|' .. (redis.call('lindex', KEYS[3], 0) or ''))
+local next = redis.call('lpop', KEYS[3])
+while next do
+  local ttl, inbox = registration(redis.call('get', KEYS[1] .. ':x:' .. next))
+  if ttl then
+    local token = redis.call('incr', KEYS[2])
+    redis.call('hset', KEYS[1], 'owner', next, 'token', token)
+    redis.call('pexpire', KEYS[1], ttl)
+    redis.call('publish', inbox, KEYS[1] .. '|' .. next .. '|' .. token)
+    return {released, next, token, 0}
+  end
+  next = redis.call('lpop', KEYS[3])
 end
-return released
+if holder then redis.call('del', KEYS[1]) end
+return {released, '', 0, 0}
 """)
 
 #: RENEW -- extend many held claims in one call (the watchdog's batch).

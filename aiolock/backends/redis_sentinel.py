@@ -120,6 +120,9 @@ class RedisSentinelBackend(RedisBackend):
 
     schemes: ClassVar[tuple[str, ...]] = ("redis+sentinel",)
     capabilities: ClassVar[frozenset[Capability]] = RedisBackend.capabilities
+    #: a waiter handed the lock asks once more: that request also follows a failover
+    #: (a grant heard from the old master must not be taken for one on the new)
+    trust_handoffs: ClassVar[bool] = False
 
     def __init__(
         self, sentinel: Sentinel, service_name: str, *, prefix: str = "aiolock",
@@ -254,7 +257,16 @@ class RedisSentinelBackend(RedisBackend):
 
     async def try_acquire(self, claim: Claim) -> Granted | Busy:
         self._follow_soon()
-        return await super().try_acquire(claim)
+        heard = "grant" in claim.state  # a hand-off message came (see RedisBackend)
+        result = await super().try_acquire(claim)
+        if heard and isinstance(result, Busy):
+            # Handed the lock by one server, found busy on another: a failover is under
+            # way and this request reached the old master. Follow, and ask the new one.
+            await self.follow_master()
+            with contextlib.suppress(Exception):
+                await self._client.connection_pool.disconnect(inuse_connections=False)
+            result = await super().try_acquire(claim)
+        return result
 
     async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
         if claims:

@@ -48,6 +48,10 @@ class BackendSpec:
         if self.key.startswith("zookeeper"):
             st = float(self.options["session_timeout"])
             return st + 0.5, f"session {st:g}s+0.5"
+        if self.key.startswith("etcd"):
+            # whole-second etcd leases (at least 1 s), swept every 0.5 s (backend doc)
+            bound = max(math.ceil(ttl), 1) + 0.5 + renew + 0.25
+            return bound, f"lease {max(math.ceil(ttl), 1)}s+0.5+ttl/3+0.25={bound:.2f}s"
         if self.key == "memcached":
             # whole-second expiries: E = ceil(ttl) + 2 after the last renewal (module doc)
             bound = math.ceil(ttl) + 2 + 0.25
@@ -85,6 +89,14 @@ class BackendSpec:
             from ..redis_topology import RedisSentinelServers
 
             return SentinelSetup(RedisSentinelServers())
+        if self.key == "etcd":
+            from ..etcd_server import EtcdServer
+
+            return EtcdServer()
+        if self.key == "etcd-3":
+            from ..etcd_server import EtcdCluster
+
+            return EtcdCluster(3)
         if self.key == "zookeeper-3":
             cls = ensemble_class()
             if cls is None:
@@ -103,6 +115,11 @@ class BackendSpec:
         front of it."""
         if self.key == "zookeeper-3":
             return str(server.url("/aiolock-faults"))
+        if self.key == "etcd-3":
+            return f"{server.url}?prefix=aiolock-faults"
+        if self.key == "etcd":
+            p = (port[0] if isinstance(port, list) else port) or server.port
+            return f"etcd://127.0.0.1:{p}?prefix=aiolock-faults"
         if self.key == "redlock":
             ports = port if isinstance(port, list) else self.ports(server)
             return "redlock://" + ",".join(f"127.0.0.1:{p}" for p in ports) + "/0"
@@ -327,6 +344,8 @@ BACKENDS: dict[str, BackendSpec] = {
         not_injected="proxy: clients connect to the address the sentinel announces, which "
                      "bypasses a proxy",
     ),
+    "etcd": BackendSpec("etcd", "etcd", [*_PROXY, "restart"]),
+    "etcd-3": BackendSpec("etcd-3", "etcd", ["stop", "kill", "leader", "stall"], proxied=False),
     "redis-sentinel-wait": BackendSpec(
         "redis-sentinel-wait", "redis", ["stop", "kill", "stall", "failover", "killmaster"], proxied=False,
         options={"max_connections": 2000, "wait_replicas": 1},

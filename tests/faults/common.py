@@ -164,6 +164,17 @@ async def echo(locks: aiolock.Locks, kind: str) -> bool:
             got = await backend._send(zkproto.GetDataRequest(path=path, watch=False))
             await backend._send(zkproto.DeleteRequest(path=path, version=-1))
         return bool(str(created.path) == path and got.data == nonce.encode())
+    if kind == "etcd":
+        from aiolock.backends.etcd._wire import pb
+
+        key = f"{backend._prefix}/echo/{nonce}".encode()
+        txn = pb.TxnRequest(success=[pb.RequestOp(request_put=pb.PutRequest(key=key, value=nonce.encode())),
+                                     pb.RequestOp(request_range=pb.RangeRequest(key=key))])
+        async with backend._bounded("echo"):
+            reply = await backend._unary("KV", "Txn", txn, "echo")
+            await backend._unary("KV", "DeleteRange", pb.DeleteRangeRequest(key=key), "echo")
+        kvs = reply.responses[1].response_range.kvs
+        return bool(len(kvs) == 1 and kvs[0].value == nonce.encode())
     raise ValueError(f"no echo for backend {kind!r}")
 
 

@@ -1,0 +1,77 @@
+"""``etcd://host:port,host:port``: locks on etcd v3 (one member or a cluster).
+
+Client: ``etcd3aio`` (``pip install 'aiolock[etcd]'``) for its generated etcd v3
+protobuf messages and gRPC stubs, over our own ``grpc.aio`` channel. Chosen on merit:
+it is maintained, built on ``grpc.aio``, typed, and works with current grpcio/protobuf.
+``aetcd`` opens plaintext channels to one host only (no TLS, no endpoint list) and one
+keep-alive stream per lease; ``etcd3aio``'s own ``Lock`` and ``LeaseKeepalive`` run a
+task and a stream per lease and a stream per watch, and retry non-idempotent calls.
+So the recipe, the one keep-alive stream and the one watch stream per connection are
+ours; only the wire format is borrowed.
+
+Layout: every claim is one key ``<prefix>/<family>/<escaped name>/<kind>-<owner>``
+(family ``lock``, ``rw`` or ``sem``; kind ``lock``, ``read``, ``write``, ``permit``;
+``owner`` the claim's per-acquisition id) attached to an etcd lease of its own, with the
+claim's ttl and limit as its value. The name is percent-encoded into one path component.
+
+Recipe (etcd's own ``concurrency.Mutex``, generalised like our ZooKeeper recipes): one
+transaction puts our key if it does not exist yet and lists the family's keys sorted by
+``create_revision``. Granted: a mutex or writer whose key is first; a reader with no
+writer key before it (a waiting writer blocks later readers: writers are not starved);
+a permit among the first ``limit`` keys. Otherwise the waiter watches the deletion of
+the key(s) just before its own (for a reader the last writer before it, for a permit
+the ``limit`` keys before it), from the listing's revision on: no herd, nothing missed,
+and first come, first served by construction (every claim is fair). The fencing token
+is the holder key's ``create_revision``, which only grows in the cluster's history.
+
+Holders, listing, revocation, elections: a key's value is ``ttl:limit:stamp:record``
+(the holder record of :mod:`aiolock._holder`, and the wall-clock time the key was first
+written: etcd keeps no times, so a holder's ``since`` is on the writer's clock and, for a
+claim that waited, counts from when it joined the queue). ``scan`` reads each family's
+keys under the escaped prefix (keys only, in pages) and inspects each name.
+``force_release`` deletes the holders' keys; a renewal batch checks in one read-only
+transaction that each key still exists, so a key gone under a live lease (revoked by an
+operator, or deleted by hand) is reported revoked within ``ttl/3``. An election is an
+exclusive family ``elect``; ``proclaim`` rewrites the leader's value (same key, lease
+and token); observers and candidates watch every change of the family.
+
+Leases (what ``ttl`` means): each claim's key is attached to an etcd lease of its own
+(never shared with another live claim, so one claim's renewals cannot keep another's
+key alive), of ``max(ceil(ttl), the server's minimum)`` seconds (etcd leases are whole
+seconds; the server's minimum is 1.5 election timeouts, rounded up). The watchdog's
+renewals go, in batches, over ONE ``LeaseKeepAlive`` stream per connection (one
+message per lease on it); a waiting claim's lease is kept alive by its own re-checks.
+The client believes a lease for ``min(ttl, granted ttl)`` from when the grant or the
+keep-alive was *sent*; the server keeps it at least that long, so a holder never
+believes a lease the server dropped. A holder that dies frees the lock when its lease
+expires: within ``max(ceil(ttl), min ttl)`` plus the server's expiry sweep (0.5 s). A
+lease extended beyond its etcd ttl (``Lease.extend``) is moved to a new, longer etcd
+lease (the key keeps its ``create_revision``, so its token).
+
+Requests: a release deletes the key and keeps its (now keyless) lease as a spare; an
+acquire takes a spare whose last confirmation left over half its ttl (or has one granted
+ahead), so an uncontended acquire + release is two requests, the put-and-list
+transaction and the delete, like a bare put-if-absent. Lease ids are chosen here, so an
+acquire cancelled mid-flight is abandoned by revoking its lease: the revocation deletes
+the key, and a put that arrives later fails for lack of its lease (the key, found by its
+owner id, is deleted too). Spares are revoked on close (else they expire by their ttl).
+
+Pauses: Jepsen's analysis of etcd 3.4.3 (2020) showed that etcd locks, like every lease
+lock, cannot by themselves guarantee mutual exclusion: a holder paused or cut off past
+its lease keeps running while the server expires the lease and grants the lock to the
+next client. Here the holder knows no later than its last confirmed expiry (a woken
+process sees ``lease.lost`` at once; tested with SIGSTOP and a blackholed connection),
+but a write already under way cannot be recalled: protected resources must check the
+fencing token (the key's ``create_revision``) and refuse lower ones.
+
+Errors: an unreachable cluster raises :class:`aiolock.BackendUnavailable` within
+``connect_timeout`` (requests within ``request_timeout``; a cluster without quorum does
+not answer writes: renewals fail and leases are lost at their last confirmed expiry);
+refused credentials or permissions raise :class:`aiolock.AccessDenied`. The least
+permissions: a role with ``readwrite`` on the key prefix (``etcdctl role
+grant-permission aiolock-role --prefix=true readwrite aiolock/``).
+"""
+
+from ._backend import EtcdBackend
+
+__all__ = ["EtcdBackend"]

@@ -1,0 +1,400 @@
+"""etcd backend specifics and faults, on real etcd members started here
+(:mod:`tests.etcd_server`); the shared contract suite runs on etcd through
+``conftest.BACKENDS`` ("etcd", "etcd-cluster").
+
+Faults: a holder killed with ``kill -9`` (freed within its lease), a member and the
+leader killed in a 3-member cluster (leases kept: the cluster keeps quorum), quorum
+lost (BackendUnavailable in bounded time, leases lost at their expiry), a holder
+paused past its ttl (lost on wake; the next holder has a higher token). TLS with client
+certificates and etcd users, under the least role (readwrite on the key prefix).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import aiolock
+
+from .conftest import acquire_cancelled_after
+from .etcd_server import EtcdCluster, EtcdServer, etcd_installed, make_certs
+from .servers import free_port
+
+pytest.importorskip("etcd3aio")
+
+from aiolock.backends.etcd import EtcdBackend
+
+if not etcd_installed():
+    pytest.skip("etcd is not installed (apt-get install etcd-server etcd-client)", allow_module_level=True)
+
+HOLDER = Path(__file__).parent / "procs" / "holder.py"
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[EtcdServer]:
+    server = EtcdServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def url(etcd: EtcdServer) -> str:
+    return f"{etcd.url}?prefix=t-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def cluster() -> Iterator[EtcdCluster]:
+    """A cluster of its own per fault test (they kill members)."""
+    c = EtcdCluster(3).start()
+    yield c
+    c.close()
+
+
+def _keys(server: EtcdServer, url: str) -> list[str]:
+    prefix = url.partition("prefix=")[2]
+    out = server.etcdctl("get", "--prefix", "--keys-only", prefix + "/")
+    return [line for line in out.splitlines() if line.strip()]
+
+
+# -- URL and options -----------------------------------------------------------------------
+
+
+def test_url_parsing_and_validation() -> None:
+    b = EtcdBackend.from_url("etcd://h1:2379,h2,[::1]:2380?request_timeout=2&prefix=app")
+    assert b.url == "etcd://h1:2379,h2:2379,[::1]:2380"
+    secret = EtcdBackend.from_url("etcd://alice:s3cr%40t@h1:2379")
+    assert "s3cr" not in secret.url and "alice" in secret.url
+    with pytest.raises(ValueError, match="accepted: username, password, ca_file"):
+        EtcdBackend.from_url("etcd://h1:2379?bogus=1")
+    with pytest.raises(ValueError, match="accepted"):
+        aiolock.connect("etcd://h1:2379", session_timeout=3)
+    for bad in ("etcd://", "etcd://h1:notaport", "etcd://h1:2379/path", "etcd://h1?tls=maybe",
+                "etcd://h1?connect_timeout=0", "etcd://h1?prefix=a/", "etcd://alice@h1"):
+        with pytest.raises(ValueError):
+            EtcdBackend.from_url(bad)
+    with pytest.raises(ValueError, match="ca_file"):
+        EtcdBackend.from_url("etcd://h1", ca_file="/nonexistent/ca.pem")
+
+
+def test_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in [m for m in sys.modules if m.startswith("aiolock.backends.etcd")]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setitem(sys.modules, "etcd3aio", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"pip install 'aiolock\[etcd\]'"):
+        aiolock.connect("etcd://127.0.0.1:2379")
+
+
+async def test_unreachable_is_bounded() -> None:
+    started = time.monotonic()
+    with pytest.raises(aiolock.BackendUnavailable):
+        async with aiolock.connect(f"etcd://127.0.0.1:{free_port()}", connect_timeout=0.5):
+            pass
+    assert time.monotonic() - started < 2.0
+
+
+async def test_silent_server_is_bounded() -> None:
+    """A port that accepts connections and never answers (not HTTP/2)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        port = sock.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(aiolock.BackendUnavailable):
+            async with aiolock.connect(f"etcd://127.0.0.1:{port}", connect_timeout=0.5):
+                pass
+        assert time.monotonic() - started < 2.0
+
+
+# -- recipe ----------------------------------------------------------------------------------
+
+
+async def test_tokens_are_create_revisions_and_increase(url: str, etcd: EtcdServer) -> None:
+    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
+        tokens = []
+        for i in range(6):
+            async with (a, b)[i % 2].lock("orders/42") as lease:
+                tokens.append(lease.token)
+                keys = _keys(etcd, url)
+                prefix = url.partition("prefix=")[2] + "/lock/orders%2F42/"
+                assert len(keys) == 1 and keys[0].startswith(prefix)
+        assert tokens == sorted(set(tokens))
+        assert _keys(etcd, url) == []
+
+
+async def test_cancelled_acquires_leave_no_keys(url: str, etcd: EtcdServer) -> None:
+    async with aiolock.connect(url) as locks:
+        lock = locks.lock("x", ttl=10)
+        for steps in range(0, 14, 2):
+            await acquire_cancelled_after(lock, steps)
+        holder = await locks.lock("x").acquire()
+        tasks = [asyncio.create_task(locks.lock("x", fair=True).acquire()) for _ in range(10)]
+        await asyncio.sleep(0.3)
+        assert len(_keys(etcd, url)) == 11  # each fair waiter keeps its place
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await holder.release()
+        await asyncio.sleep(0.1)
+        assert _keys(etcd, url) == []
+
+
+async def test_try_once_leaves_no_place_in_the_queue(url: str, etcd: EtcdServer) -> None:
+    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
+        lease = await a.lock("y").acquire()
+        with pytest.raises(aiolock.LockTimeout):
+            await b.lock("y").acquire(timeout=0)
+        await asyncio.sleep(0.8)  # an unattended Busy claim loses its key
+        assert len(_keys(etcd, url)) == 1
+        await lease.release()
+
+
+async def test_extend_beyond_the_etcd_lease_keeps_the_token(url: str) -> None:
+    async with aiolock.connect(url) as locks:
+        lease = await locks.lock("z", ttl=1, watchdog=False).acquire()
+        await lease.extend(4)
+        await asyncio.sleep(1.6)  # past the first etcd lease (1 s + the 0.5 s sweep)
+        assert not lease.lost and (await locks.status("z")).token == lease.token
+        await lease.release()
+
+
+async def test_keepalives_share_one_stream(url: str) -> None:
+    async with aiolock.connect(url) as locks:
+        backend = locks.backend
+        assert isinstance(backend, EtcdBackend)
+        leases = [await locks.lock(f"n{i}", ttl=1).acquire() for i in range(20)]
+        await asyncio.sleep(1.2)
+        stream = backend._keepalive
+        assert stream is not None and stream.alive
+        await asyncio.sleep(0.6)
+        assert backend._keepalive is stream  # the same one stream renewed them all
+        assert not any(lease.lost for lease in leases)
+        for lease in leases:
+            await lease.release()
+
+
+# -- faults ----------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _holder(url: str, name: str, ttl: float) -> AsyncIterator[tuple[subprocess.Popen[str], int]]:
+    proc = subprocess.Popen([sys.executable, str(HOLDER), url, name, str(ttl)],  # noqa: ASYNC220
+                            stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 15)
+        assert line.startswith("ACQUIRED"), line
+        yield proc, int(line.split()[1])
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.wait()
+
+
+async def test_killed_holder_is_freed_within_its_lease(url: str) -> None:
+    async with _holder(url, "k", 1.0) as (proc, token), aiolock.connect(url) as locks:
+        proc.kill()  # kill -9: no release, no more keep-alives
+        killed = time.monotonic()
+        lease = await locks.lock("k").acquire(timeout=5)
+        waited = time.monotonic() - killed
+        assert lease.token > token
+        assert waited < 1.0 + 1.0, waited  # the 1 s lease + the server's 0.5 s sweep + slack
+        await lease.release()
+
+
+async def test_paused_holder_loses_its_lease(url: str) -> None:
+    async with _holder(url, "p", 1.0) as (proc, token), aiolock.connect(url) as locks:
+        os.kill(proc.pid, signal.SIGSTOP)  # past its ttl: no keep-alives
+        lease = await locks.lock("p").acquire(timeout=5)
+        assert lease.token > token
+        os.kill(proc.pid, signal.SIGCONT)
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 5)
+        assert line.startswith("LOST"), line  # it knows at once on waking
+        assert await asyncio.to_thread(proc.wait, 5) == 3
+        assert (await locks.status("p")).token == lease.token
+        await lease.release()
+
+
+async def _held_through(locks: aiolock.Locks, lease: aiolock.Lease, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        await asyncio.sleep(0.25)
+        assert not lease.lost
+
+
+async def test_member_and_leader_kill_keep_leases(cluster: EtcdCluster) -> None:
+    url = cluster.url + "?request_timeout=1"
+    async with aiolock.connect(url) as locks, aiolock.connect(url) as other:
+        lease = await locks.lock("m", ttl=3).acquire()
+        leader = cluster.leader_index()
+        follower = (leader + 1) % 3
+        cluster.kill(follower)
+        await _held_through(locks, lease, 2.0)
+        cluster.restart(follower)
+        cluster.wait_healthy()
+        cluster.kill(cluster.leader_index())
+        await _held_through(locks, lease, 4.0)  # a new leader is elected meanwhile
+        assert (await locks.status("m")).token == lease.token
+        with pytest.raises(aiolock.LockTimeout):
+            await other.lock("m").acquire(timeout=0.3)
+        async with locks.lock("m2") as second:  # and new acquisitions work
+            assert second.token > lease.token
+        await lease.release()
+
+
+async def test_quorum_loss_is_bounded_and_loses_leases(cluster: EtcdCluster) -> None:
+    url = cluster.url + "?request_timeout=1"
+    async with aiolock.connect(url) as locks:
+        lease = await locks.lock("q", ttl=2).acquire()
+        cluster.kill(0)
+        cluster.kill(1)
+        lost_by = lease.expires_in + 1.0  # its last confirmed expiry, at the latest
+        started = time.monotonic()
+        with pytest.raises(aiolock.BackendUnavailable):
+            await locks.lock("q2").acquire(timeout=10)
+        assert time.monotonic() - started < 2.5
+        await asyncio.wait_for(lease.wait_lost(), lost_by + 2.5)
+        assert lease.lost
+        with pytest.raises(aiolock.BackendUnavailable):
+            async with aiolock.connect(url, connect_timeout=1):
+                pass
+
+
+# -- TLS and users -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EtcdServer, dict[str, Path]]]:
+    """TLS with client certificates required, users on: root, and 'locker' whose only
+    role has readwrite on the prefix 'aiolock/' (the least aiolock needs)."""
+    certs = make_certs(tmp_path_factory.mktemp("certs"))
+    server = EtcdServer(certs=certs).start()
+    try:
+        ctl = server.etcdctl
+        ctl("user", "add", "root:rootpw")
+        ctl("role", "add", "aiolock-role")
+        ctl("role", "grant-permission", "aiolock-role", "--prefix=true", "readwrite", "aiolock/")
+        ctl("user", "add", "locker:lockpw")
+        ctl("user", "grant-role", "locker", "aiolock-role")
+        ctl("user", "add", "nobody:nopw")
+        ctl("auth", "enable")
+        yield server, certs
+    finally:
+        server.close()
+
+
+def _tls_query(certs: dict[str, Path], client: bool = True) -> str:
+    q = f"ca_file={certs['ca']}"
+    if client:
+        q += f"&cert_file={certs['client_cert']}&key_file={certs['client_key']}"
+    return q
+
+
+async def test_tls_and_least_role(secured: tuple[EtcdServer, dict[str, Path]]) -> None:
+    server, certs = secured
+    url = f"etcd://locker:lockpw@{server.endpoint}?{_tls_query(certs)}"
+    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
+        lease = await a.lock("t", ttl=1).acquire()
+        waiter = asyncio.create_task(b.lock("t").acquire(timeout=5))
+        await asyncio.sleep(1.5)  # renewed under the role
+        assert not lease.lost and (await b.status("t")).token == lease.token
+        await lease.release()
+        second = await waiter
+        assert second.token > lease.token
+        await second.release()
+        async with a.rwlock("t").read(), a.semaphore("s", limit=2):
+            pass
+    kw: dict[str, Any] = {"username": "locker", "password": "lockpw", "ca_file": str(certs["ca"]),
+                          "cert_file": str(certs["client_cert"]), "key_file": str(certs["client_key"])}
+    async with aiolock.connect(f"etcd://{server.endpoint}", **kw) as c, c.lock("kw"):
+        pass
+
+
+async def test_refused_credentials_are_access_denied(secured: tuple[EtcdServer, dict[str, Path]]) -> None:
+    server, certs = secured
+    for userinfo in ("locker:wrong-secret-pw@", "nobody:nopw@", ""):
+        with pytest.raises(aiolock.AccessDenied) as info:
+            async with aiolock.connect(f"etcd://{userinfo}{server.endpoint}?{_tls_query(certs)}"):
+                pass
+        assert "wrong-secret-pw" not in str(info.value) and "nopw" not in str(info.value)
+    # the role covers 'aiolock/' only
+    url = f"etcd://locker:lockpw@{server.endpoint}?{_tls_query(certs)}&prefix=elsewhere"
+    with pytest.raises(aiolock.AccessDenied):
+        async with aiolock.connect(url):
+            pass
+
+
+async def test_tls_without_client_certificate_is_refused(
+    secured: tuple[EtcdServer, dict[str, Path]],
+) -> None:
+    server, certs = secured
+    for url in (f"etcd://locker:lockpw@{server.endpoint}?{_tls_query(certs, client=False)}",
+                f"etcd://locker:lockpw@{server.endpoint}"):  # plaintext to a TLS server
+        started = time.monotonic()
+        with pytest.raises(aiolock.BackendUnavailable):
+            async with aiolock.connect(url, connect_timeout=1):
+                pass
+        assert time.monotonic() - started < 3
+
+
+async def test_blackholed_holder_knows_before_anyone_else_gets_it(url: str, etcd: EtcdServer) -> None:
+    from .faults.proxy import Proxy
+
+    proxy = await Proxy(etcd.port).start()
+    try:
+        query = url.partition("?")[2]
+        async with aiolock.connect(f"etcd://127.0.0.1:{proxy.port}?{query}&request_timeout=0.5") as cut, \
+                aiolock.connect(url) as other:
+            lease = await cut.lock("b", ttl=2).acquire()
+            lost_at: list[float] = []
+            lease._hold.callbacks.append(lambda: lost_at.append(time.monotonic()))
+            proxy.set_faults(up=True, down=True)  # nothing moves either way
+            started = time.monotonic()
+            with pytest.raises(aiolock.BackendUnavailable):
+                await cut.lock("b2").acquire(timeout=5)
+            assert time.monotonic() - started < 1.5
+            theirs = await other.lock("b").acquire(timeout=6)  # once the server expired it
+            granted_at = time.monotonic()
+            assert lease.lost and lost_at and lost_at[0] <= granted_at  # it knew first
+            assert theirs.token > lease.token
+            await theirs.release()
+            proxy.heal()
+            async with asyncio.timeout(10):  # and it recovers
+                while True:
+                    try:
+                        async with cut.lock("b3"):
+                            break
+                    except aiolock.BackendUnavailable:
+                        await asyncio.sleep(0.2)
+    finally:
+        await proxy.aclose()
+
+
+async def test_a_stale_spare_lease_is_replaced(url: str) -> None:
+    async with aiolock.connect(url) as locks:
+        backend = locks.backend
+        assert isinstance(backend, EtcdBackend)
+        lease = await locks.lock("s", ttl=1).acquire()
+        await lease.release()  # its etcd lease is kept as a spare
+        pool = backend._spares[1]
+        assert pool
+        await asyncio.sleep(1.6)  # expired on the server (1 s + the 0.5 s sweep)
+        pool[:] = [(lid, time.monotonic(), ttl) for lid, _, ttl in pool]  # believed fresh
+        again = await locks.lock("s", ttl=1).acquire(timeout=2)  # the put finds no lease: a new one
+        assert again.token > lease.token and not again.lost
+        await again.release()

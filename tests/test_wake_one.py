@@ -1,0 +1,111 @@
+"""Across processes, a release wakes ONE waiting process, and no process starves (issue 10).
+
+Structure, not speed: several OS processes (``tests/procs/``) wait on one lock on a real,
+private redis-server, and the server itself counts what they ask (``INFO commandstats``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+import aiolock
+from aiolock.backends import redis as redis_backend
+
+from .servers import RedisServer
+from .test_faults_redis import Procs, own_server, procs  # noqa: F401 -- fixtures
+
+pytestmark = pytest.mark.timeout(90)
+
+LOCAL_HANDOFFS: int = getattr(redis_backend, "LOCAL_HANDOFFS", 4)
+
+
+async def _evalsha_calls(client: aioredis.Redis) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["default", "fair"])
+async def test_each_release_wakes_one_waiting_process(
+    own_server: RedisServer, procs: Procs, fair: bool  # noqa: F811
+) -> None:
+    """P processes wait on a lock; it is released and each of them then takes it once.
+    Every release may cost its own RELEASE script and at most one acquire attempt; the
+    old broadcast made every waiting process retry at every release (about P*P/2)."""
+    nprocs = 6
+    name = f"wake-one-{fair}"
+    admin = aioredis.Redis.from_url(own_server.url)
+    async with aiolock.connect(own_server.url) as locks:
+        lease = await locks.lock(name, ttl=5, fair=fair).acquire()
+        workers = [
+            await procs.spawn("waiter.py", own_server.url, name, "20", "1" if fair else "0")
+            for _ in range(nprocs)
+        ]
+        for w in workers:
+            await w.expect("WAITING", 20)
+        await asyncio.sleep(0.5)  # they ask, find it held, and wait
+        await admin.config_resetstat()
+        before = await _evalsha_calls(admin)
+        await lease.release()
+        tokens = []
+        for w in workers:
+            tokens.append(int((await w.expect("ACQUIRED", 20)).split()[1]))
+            await w.expect("DONE", 20)
+        for w in workers:
+            assert await w.finish(10) == 0, w.output()
+        calls = await _evalsha_calls(admin) - before
+    await admin.aclose()
+    releases = nprocs + 1
+    attempts = calls - releases
+    print(f"{calls} scripts for {releases} releases: {attempts} acquire attempts")
+    assert sorted(tokens) == list(range(2, nprocs + 2))  # one hand-off each, none lost
+    assert attempts <= releases, f"{attempts} acquire attempts for {releases} releases"
+
+
+async def test_every_process_gets_in_within_a_bounded_number_of_handoffs(
+    own_server: RedisServer, procs: Procs, tmp_path: Path  # noqa: F811
+) -> None:
+    """P processes x T tasks loop on one lock. In the order of acquisitions (tokens), a
+    process never goes more than a bounded number of acquisitions without one of its own:
+    a process hands the lock to its own tasks at most LOCAL_HANDOFFS times in a row while
+    another waits, so each other process waits at most (P - 1) turns of LOCAL_HANDOFFS + 1.
+    Before, one process could keep it for hundreds of acquisitions in a row."""
+    nprocs, ntasks, duration, warmup = 4, 3, 2.5, 0.5
+    files = [tmp_path / f"worker-{i}.jsonl" for i in range(nprocs)]
+    workers = [
+        await procs.spawn("worker.py", own_server.url, "fair-share", str(ntasks), str(f), stdin=True)
+        for f in files
+    ]
+    for w in workers:
+        await w.expect("READY", 20)
+    start = time.monotonic()
+    stop = start + duration
+    for w in workers:
+        assert w.proc.stdin is not None
+        w.proc.stdin.write(f"GO {stop}\n".encode())
+        await w.proc.stdin.drain()
+    for w in workers:
+        assert await w.finish(duration + 20) == 0, w.output()
+    records = sorted(
+        (token, t0, pid)
+        for f in files for token, t0, _t1, pid in map(json.loads, f.read_text().splitlines())
+    )
+    steady = [pid for _token, t0, pid in records if t0 > start + warmup]
+    per_proc = {pid: steady.count(pid) for pid in set(steady)}
+    assert len(per_proc) == nprocs, f"a process never got in after the warm-up: {per_proc}"
+    gaps = {pid: 0 for pid in per_proc}
+    worst = dict(gaps)
+    for pid in steady:
+        for other in gaps:
+            gaps[other] = 0 if other == pid else gaps[other] + 1
+            worst[other] = max(worst[other], gaps[other])
+    bound = 2 * (nprocs - 1) * (LOCAL_HANDOFFS + 1)  # x2: barging newcomers, timing
+    print(f"acquisitions per process {sorted(per_proc.values())}, longest waits {sorted(worst.values())}")
+    longest = max(worst.values())
+    assert longest <= bound, f"a process waited {longest} acquisitions (bound {bound})"
+    assert min(per_proc.values()) >= 0.3 * max(per_proc.values()), per_proc
