@@ -52,17 +52,8 @@ def tls_redis() -> Iterator[TLSRedis]:
 # Defects these tests found that are still open: test id (as pytest shows it, without the
 # file) -> the one-line symptom. Each is marked xfail(strict=True), so the suite stays
 # green, the defect stays visible, and a fix turns the entry into an error to delete.
-_WRITER = "Redis rwlock: a writer that gave up leaves its waiting-writer place for its ttl: "
 _PASSWORD = "a refused URL's ValueError echoes its password: "
-_PYPATH = ("Redis via redis.asyncio (health_check_interval / protocol=3): an acquire "
-           "cancelled before its first reply keeps running while the lock is held")
 KNOWN_DEFECTS: dict[str, str] = {
-    "test_failed_one_try_leaves_nothing_behind[redis-write-0]":
-        _WRITER + "after a failed one-try, the next writer waits a full ttl",
-    "test_cancelled_waiter_leaves_no_place[redis-write]":
-        _WRITER + "a writer cancelled during its first attempt delays the next writer",
-    "test_abandoned_writer_does_not_block_readers[redis-0]":
-        _WRITER + "after a failed write one-try, every new reader waits the writer's ttl",
     "test_refused_url_never_echoes_password[redlock://u:s3cr3t-Pa55w0rd-xyz@127.0.0.1:1?bogus=1]":
         _PASSWORD + "redlock with fewer than 3 nodes",
     "test_refused_url_never_echoes_password[memcached://u:s3cr3t-Pa55w0rd-xyz@127.0.0.1:1?bogus=1]":
@@ -76,10 +67,6 @@ KNOWN_DEFECTS: dict[str, str] = {
     "test_cancel_acquire_in_flight_to_frozen_zookeeper":
         "ZooKeeper: an acquire cancelled while its request is in flight to a frozen server "
         "leaves the lock held by nobody for the ttl (once: returned a held Lease instead)",
-    "test_random_cancellation_on_redis_py_path[health_check]": _PYPATH,
-    "test_random_cancellation_on_redis_py_path[resp3]": _PYPATH,
-    "test_cancel_waiting_acquire_on_redis_py_path[health_check-0.0]": _PYPATH,
-    "test_cancel_waiting_acquire_on_redis_py_path[resp3-0.0]": _PYPATH,
 }
 
 

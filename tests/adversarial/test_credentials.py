@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -326,16 +327,20 @@ async def test_scripting_off_is_honoured() -> None:
         server.close()
 
 
-LEAST = ("aiolock on >{pw} resetkeys ~aiolock:* resetchannels &aiolock:* -@all +ping "
-         "+evalsha +script|load +subscribe +unsubscribe +publish +get +set +del +exists "
-         "+incr +pexpire +pttl +hget +hset +hdel +lindex +llen +lpop +lrem +rpush +zadd "
-         "+zcard +zcount +zrange +zrangebyscore +zrem +zscore +time")
+def _documented_acl_line() -> str:
+    """The least-privilege Redis ACL line exactly as the README gives it."""
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    for line in readme.read_text().splitlines():
+        if line.strip().startswith("user aiolock on >PASSWORD"):
+            return line.strip().replace(">PASSWORD", f">{SECRET}", 1)
+    raise AssertionError("README has no 'user aiolock on >PASSWORD ...' ACL line")
 
 
 async def test_documented_least_privileges_run_every_primitive() -> None:
     """README "Least privileges": the documented Redis ACL line runs every primitive,
     with contention, wake-ups, fair queues, waiting writers, renewals and cancellation."""
-    server = PasswordRedis(users=["default on nopass ~* &* +@all", LEAST.format(pw=SECRET)])
+    acl = _documented_acl_line().removeprefix("user ")
+    server = PasswordRedis(users=["default on nopass ~* &* +@all", acl])
     server.start()
     url = f"redis://aiolock:{SECRET}@127.0.0.1:{server.port}/0"
     try:
