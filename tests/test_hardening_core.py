@@ -269,3 +269,12 @@ async def test_cancel_is_never_swallowed_on_the_redis_py_path(
             if holder is not None:
                 await holder.release()
             assert not (await b.status(name)).held
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "redis+cluster://127.0.0.1:1",
+                                 "redis+sentinel://127.0.0.1:1/mymaster",
+                                 "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"])
+def test_pool_size_is_a_redis_option_everywhere(url: str) -> None:
+    """max_connections is a redis.asyncio option (the fault harness sizes Sentinel's pool
+    with it): every Redis scheme takes it."""
+    aiolock.connect(url, max_connections=100)

@@ -176,7 +176,8 @@ class RedisSentinelBackend(RedisBackend):
                  **master_options}
         extra_sentinel_kwargs = dict(given.pop("sentinel_kwargs", None) or {})
         check_names({**params, **given}, {"connect_timeout", "request_timeout", "prefix",
-                                          "wait_replicas", *_QUERY, *connection_options()},
+                                          "wait_replicas", "max_connections", *_QUERY,
+                                          *connection_options()},
                     safe)
         check_names(extra_sentinel_kwargs, connection_options(), f"sentinel_kwargs of {safe}")
         master_options = given
