@@ -1,0 +1,77 @@
+"""Fixtures of the adversarial tests (the servers of ``tests/conftest.py`` are reused)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .servers import PasswordRedis, TLSRedis
+
+SECRET = "s3cr3t-Pa55w0rd-xyz"
+
+
+async def ended(task: asyncio.Task[Any], within: float = 10.0) -> None:
+    """Wait until ``task`` (just cancelled) has finished; fail, not hang, if it does not."""
+    await asyncio.wait([task], timeout=within)
+    assert task.done(), f"a cancelled task still runs after {within} s"
+
+# an ACL user allowed everything but scripting, and one allowed exactly nothing useful
+ACL_USERS = [
+    "default on nopass ~* &* +@all",
+    f"noscript on >{SECRET} ~* &* +@all -@scripting",
+    f"nothing on >{SECRET} ~* &* -@all +auth +hello +ping",
+    f"full on >{SECRET} ~* &* +@all",
+    f"nochannels on >{SECRET} ~* resetchannels +@all",
+]
+
+
+@pytest.fixture(scope="session")
+def password_redis() -> Iterator[PasswordRedis]:
+    server = PasswordRedis(password=SECRET).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def acl_redis() -> Iterator[PasswordRedis]:
+    server = PasswordRedis(users=ACL_USERS).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def tls_redis() -> Iterator[TLSRedis]:
+    server = TLSRedis().start()
+    yield server
+    server.close()
+
+
+# Defects these tests found that are still open: test id (as pytest shows it, without the
+# file) -> the one-line symptom. Each is marked xfail(strict=True), so the suite stays
+# green, the defect stays visible, and a fix turns the entry into an error to delete.
+_PASSWORD = "a refused URL's ValueError echoes its password: "
+KNOWN_DEFECTS: dict[str, str] = {
+    "test_refused_url_never_echoes_password[redlock://u:s3cr3t-Pa55w0rd-xyz@127.0.0.1:1?bogus=1]":
+        _PASSWORD + "redlock with fewer than 3 nodes",
+    "test_refused_url_never_echoes_password[memcached://u:s3cr3t-Pa55w0rd-xyz@127.0.0.1:1?bogus=1]":
+        _PASSWORD + "memcached",
+    "test_refused_url_never_echoes_password[redis+nope://u:s3cr3t-Pa55w0rd-xyz@127.0.0.1:1/0]":
+        _PASSWORD + "unknown scheme",
+    "test_acl_user_without_scripting_falls_back":
+        "SPEC §6: an ACL user without @scripting gets AccessDenied, no WATCH/MULTI fallback",
+    "test_scripting_off_is_honoured":
+        "SPEC §6: ?scripting=off is refused as an unknown option (not implemented)",
+    "test_cancel_acquire_in_flight_to_frozen_zookeeper":
+        "ZooKeeper: an acquire cancelled while its request is in flight to a frozen server "
+        "leaves the lock held by nobody for the ttl (once: returned a held Lease instead)",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        reason = KNOWN_DEFECTS.get(item.name)
+        if reason is not None and "adversarial" in item.nodeid:
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
