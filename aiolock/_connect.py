@@ -6,7 +6,7 @@ import importlib
 import inspect
 import sys
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from ._locks import Locks
 from .abc import Backend
@@ -97,7 +97,13 @@ def connect(target: str | Backend | Any, **options: Any) -> Locks:
             raise ValueError("options are given to the backend's constructor, not to connect()")
         return Locks(target)
     if isinstance(target, str):
-        return Locks(backend_from_url(target, **options))
+        try:
+            backend = backend_from_url(target, **options)
+        except ValueError as exc:
+            error = _without_secret(exc, target)
+        else:
+            return Locks(backend)
+        raise error  # outside the handler: a masked error keeps no chain to the original
     kind = _redis_client_kind(target)
     if kind == "cluster":
         from .backends.redis_cluster import RedisClusterBackend
@@ -118,6 +124,26 @@ def connect(target: str | Backend | Any, **options: Any) -> Locks:
         "connect() takes a URL (e.g. 'redis://localhost:6379/0'), an aiolock.abc.Backend, or a "
         f"redis.asyncio.Redis / RedisCluster client, got {target!r}"
     )
+
+
+def _without_secret(exc: ValueError, url: str) -> ValueError:
+    """``exc`` with the URL's password masked wherever its message (or a message it was
+    raised from) repeats it: a refused URL may be shown, its password never."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    messages = []
+    error: BaseException | None = exc
+    while error is not None:
+        messages.append(str(error))
+        error = error.__cause__ or error.__context__
+    text = str(exc)
+    if not password or not any(password in m or unquote(password) in m for m in messages):
+        return exc if exc.__cause__ is None and exc.__context__ is None else ValueError(text)
+    for secret in {password, unquote(password)}:
+        text = text.replace(secret, "***")
+    return ValueError(text)
 
 
 def _redis_client_kind(target: object) -> str | None:

@@ -54,12 +54,6 @@ def tls_redis() -> Iterator[TLSRedis]:
 # green, the defect stays visible, and a fix turns the entry into an error to delete.
 _PASSWORD = "a refused URL's ValueError echoes its password: "
 KNOWN_DEFECTS: dict[str, str] = {
-    "test_refused_url_never_echoes_password[redlock://u:s3cr3t-Pa55w0rd-xyz@127.0.0.1:1?bogus=1]":
-        _PASSWORD + "redlock with fewer than 3 nodes",
-    "test_refused_url_never_echoes_password[memcached://u:s3cr3t-Pa55w0rd-xyz@127.0.0.1:1?bogus=1]":
-        _PASSWORD + "memcached",
-    "test_refused_url_never_echoes_password[redis+nope://u:s3cr3t-Pa55w0rd-xyz@127.0.0.1:1/0]":
-        _PASSWORD + "unknown scheme",
     "test_acl_user_without_scripting_falls_back":
         "SPEC §6: an ACL user without @scripting gets AccessDenied, no WATCH/MULTI fallback",
     "test_scripting_off_is_honoured":

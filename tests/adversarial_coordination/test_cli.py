@@ -244,8 +244,6 @@ async def test_elect_sigstopped_past_ttl_stops_child_on_wake(pg_url: str, tmp_pa
             os.kill(gc, signal.SIGKILL)
 
 
-@pytest.mark.xfail(reason="`aiolock status NAME` says 'free (last token -)' for a held semaphore, "
-                   "read-write lock or election that `aiolock ls` lists as held", strict=True)
 async def test_status_cli_sees_every_kind(pg_url: str) -> None:
     u = f"adv-stk-{uuid.uuid4().hex[:6]}"
     async with aiolock.connect(pg_url) as locks, \
@@ -258,8 +256,6 @@ async def test_status_cli_sees_every_kind(pg_url: str) -> None:
             assert "free" not in out, (n, out)
 
 
-@pytest.mark.xfail(reason="`aiolock ls` (text) prints a name containing a newline raw, so one "
-                   "held name spans two lines (data is repr()'d, the name is not)", strict=True)
 async def test_ls_text_one_line_per_name(pg_url: str) -> None:
     p = f"adv-lst-{uuid.uuid4().hex[:6]}:"
     async with aiolock.connect(pg_url) as locks, locks.lock(p + "a\nb", ttl=5), \

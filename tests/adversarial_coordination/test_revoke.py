@@ -216,9 +216,6 @@ async def test_proclaim_after_revocation_raises_lock_lost(coord: aiolock.Locks, 
     await term.release()
 
 
-@pytest.mark.xfail(reason="proclaim() on a term lost by revocation, after its async-with block "
-                   "ended, raises plain LockError 'leadership ... was resigned' instead of LockLost",
-                   strict=True)
 async def test_proclaim_after_revoked_block_raises_lock_lost(coord: aiolock.Locks, name: str) -> None:
     need(coord, Capability.REVOKE)
     need(coord, Capability.ELECTION)
@@ -234,8 +231,6 @@ async def test_proclaim_after_revoked_block_raises_lock_lost(coord: aiolock.Lock
 async def test_local_waiter_gets_revoked_lock_at_next_renewal(
         coord: aiolock.Locks, coord_url: str, name: str, request: pytest.FixtureRequest) -> None:
     need(coord, Capability.REVOKE)
-    if not coord_url.startswith("memory"):
-        request.applymarker(pytest.mark.xfail(reason=LOCAL_WAITER, strict=True))
     ttl = 2.4
     a = await asyncio.create_task(coord.lock(name, ttl=ttl, on_lost="raise").acquire())
     waiter = asyncio.create_task(coord.lock(name, ttl=ttl).acquire(timeout=3 * ttl))

@@ -165,8 +165,6 @@ SURROGATE = ("scan() does not validate a lone-surrogate prefix: memory:// and My
 async def test_scan_surrogate_prefix_is_value_error(coord: aiolock.Locks, coord_url: str,
                                                     request: pytest.FixtureRequest) -> None:
     need(coord, Capability.SCAN)
-    if not coord_url.startswith("etcd"):
-        request.applymarker(pytest.mark.xfail(reason=SURROGATE, strict=True))
     with pytest.raises(ValueError):
         async for _ in coord.scan("\ud800"):
             pass

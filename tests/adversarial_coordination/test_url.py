@@ -9,10 +9,6 @@ import aiolock
 
 
 async def test_url_keeps_the_user(shared_url: str, request: pytest.FixtureRequest) -> None:
-    if shared_url.startswith("postgres"):
-        request.applymarker(pytest.mark.xfail(
-            reason="PostgreSQL locks.url drops the user name (postgresql://host:port/db), so "
-            "connecting with it logs in as the OS user (MySQL keeps user@)", strict=True))
     if "@" not in shared_url:
         pytest.skip("no user in this URL")
     async with aiolock.connect(shared_url) as locks:
