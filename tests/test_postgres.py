@@ -337,7 +337,7 @@ async def test_row_mode_dead_holder_frees_within_ttl(pg: PostgresServer, name: s
 def test_url_parsing() -> None:
     backend = PostgresBackend.from_url("postgres://u:secret@db.example:6543/app?connect_timeout=2")
     assert type(backend) is PostgresBackend
-    assert "secret" not in backend.url and backend.url.startswith("postgres://db.example:6543/app")
+    assert "secret" not in backend.url and backend.url.startswith("postgres://u@db.example:6543/app")
     assert type(PostgresBackend.from_url("postgresql://h/db?mode=row")) is PostgresRowBackend
     for bad in ("postgresql:///db", "postgresql://h:99999/db", "postgresql://h/db?mode=x",
                 "postgresql://h/db?connect_timeout=0", "postgresql://h/db?max_connections=1.5"):
