@@ -80,7 +80,7 @@ import hashlib
 import importlib
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
@@ -99,6 +99,7 @@ from ..abc import (
     Waiter,
 )
 from ..errors import AccessDenied, BackendUnavailable, LockError
+from ._pool import Pool
 
 __all__ = ["MySQLBackend", "MySQLRowBackend", "lock_key"]
 
@@ -227,6 +228,10 @@ async def _run(conn: Any, sql: str, args: Sequence[Any] = ()) -> list[Any]:
     return rows
 
 
+async def _close(conn: Any) -> None:
+    conn.close()
+
+
 def _alive(conn: Any) -> bool:
     return bool(conn.connected)
 
@@ -246,69 +251,6 @@ class _State:
     cleanup: asyncio.Task[None] | None = None
     release: asyncio.Task[bool] | None = None
     abandoned: bool = False
-
-
-class _Pool:
-    """A bounded set of connections; a held claim keeps one until it is released."""
-
-    def __init__(self, connect: Callable[[], Awaitable[Any]], size: int, wait: float, url: str) -> None:
-        self._connect = connect
-        self._size = size
-        self._wait = wait
-        self._url = url
-        self._slots = asyncio.Semaphore(size)
-        self._idle: list[Any] = []
-        self._out: set[Any] = set()
-        self.closed = False
-
-    async def get(self) -> Any:
-        if self.closed:
-            raise LockError(f"the connection pool to {self._url} is closed")
-        try:
-            async with asyncio.timeout(self._wait):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise BackendUnavailable(
-                f"all {self._size} connections to {self._url} are in use (each held lease and each "
-                f"waiting claim keeps one) for {self._wait} s; raise max_connections"
-            ) from None
-        try:
-            while self._idle:
-                conn = self._idle.pop()
-                if _alive(conn):
-                    self._out.add(conn)
-                    return conn
-            conn = await self._connect()
-            self._out.add(conn)
-            return conn
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def put(self, conn: Any) -> None:
-        """Return a clean connection (no lock held, default timeout)."""
-        if conn not in self._out:
-            return
-        self._out.discard(conn)
-        if self.closed or not _alive(conn) or len(self._idle) >= 10:
-            conn.close()
-        else:
-            self._idle.append(conn)
-        self._slots.release()
-
-    def discard(self, conn: Any) -> None:
-        """Drop a connection whose state is unknown: the server frees what it held."""
-        conn.close()
-        if conn in self._out:
-            self._out.discard(conn)
-            self._slots.release()
-
-    async def aclose(self) -> None:
-        self.closed = True
-        idle, self._idle = self._idle, []
-        for conn in idle + list(self._out):
-            conn.close()
-        self._out.clear()
 
 
 def _number(what: str, value: object, *, integer: bool = False) -> float:
@@ -360,7 +302,8 @@ class MySQLBackend(Backend):
         wait = self._connect_timeout if pool_timeout is None else _number("pool_timeout", pool_timeout)
         self._poll = _number("poll_interval", poll_interval)
         self._url = url or f"mysql://{user + '@' if user else ''}{host}:{port}/{database}"
-        self._pool = _Pool(self._new_connection, size, wait, self._url)
+        self._pool = Pool(self._new_connection, size, wait, self._url, alive=_alive,
+                           drop=lambda c: c.close(), close=_close)
         self._schema_ready = False
         self._schema_lock = asyncio.Lock()
         #: a session's idle time in ms from PROCESSLIST (MariaDB has TIME_MS; MySQL, TIME)

@@ -96,7 +96,7 @@ import importlib
 import inspect
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -115,6 +115,7 @@ from ..abc import (
     Waiter,
 )
 from ..errors import AccessDenied, BackendUnavailable, LockError
+from ._pool import Pool
 
 try:
     _ASYNCPG: Any = importlib.import_module("asyncpg")
@@ -385,6 +386,14 @@ def _is_connection_error(exc: BaseException) -> bool:
     ) and not isinstance(exc, apg.exceptions.QueryCanceledError)
 
 
+async def _close(conn: Any) -> None:
+    try:
+        await conn.close(timeout=1.0)
+    except BaseException:
+        conn.terminate()
+        raise
+
+
 @dataclass(slots=True, eq=False)
 class _State:
     """What this backend keeps on a :class:`Claim` (in ``claim.state["pg"]``)."""
@@ -400,76 +409,6 @@ class _State:
     cleanup: asyncio.Task[None] | None = None
     release: asyncio.Task[bool] | None = None
     abandoned: bool = False
-
-
-class _Pool:
-    """A bounded set of connections; a held claim keeps one until it is released."""
-
-    def __init__(self, connect: Callable[[], Awaitable[Any]], size: int, wait: float, url: str) -> None:
-        self._connect = connect
-        self._size = size
-        self._wait = wait
-        self._url = url
-        self._slots = asyncio.Semaphore(size)
-        self._idle: list[Any] = []
-        self._out: set[Any] = set()
-        self.closed = False
-
-    async def get(self) -> Any:
-        if self.closed:
-            raise LockError(f"the connection pool to {self._url} is closed")
-        try:
-            async with asyncio.timeout(self._wait):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise BackendUnavailable(
-                f"all {self._size} connections to {self._url} are in use (each held lease and each "
-                f"waiting claim keeps one) for {self._wait} s; raise max_connections"
-            ) from None
-        try:
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.is_closed():
-                    self._out.add(conn)
-                    return conn
-            conn = await self._connect()
-            self._out.add(conn)
-            return conn
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def put(self, conn: Any) -> None:
-        """Return a clean connection (no lock, no timeout armed)."""
-        if conn not in self._out:
-            return
-        self._out.discard(conn)
-        if self.closed or conn.is_closed() or len(self._idle) >= 10:
-            conn.terminate()
-        else:
-            self._idle.append(conn)
-        self._slots.release()
-
-    def discard(self, conn: Any) -> None:
-        """Drop a connection whose state is unknown: the server frees what it held."""
-        conn.terminate()
-        if conn in self._out:
-            self._out.discard(conn)
-            self._slots.release()
-
-    async def aclose(self) -> None:
-        self.closed = True
-        idle, self._idle = self._idle, []
-        conns = idle + list(self._out)
-        await asyncio.gather(*(_close(c) for c in conns), return_exceptions=True)
-
-
-async def _close(conn: Any) -> None:
-    try:
-        await conn.close(timeout=1.0)
-    except BaseException:
-        conn.terminate()
-        raise
 
 
 def _number(what: str, value: object, *, integer: bool = False) -> float:
@@ -514,7 +453,8 @@ class PostgresBackend(Backend):
         self._poll = _number("poll_interval", poll_interval)
         self._connect_options = connect_options
         self._url = url or _safe_url(dsn)
-        self._pool = _Pool(self._new_connection, size, wait, self._url)
+        self._pool = Pool(self._new_connection, size, wait, self._url, alive=lambda c: not c.is_closed(),
+                           drop=lambda c: c.terminate(), close=_close)
         self._schema_ready = False
         self._schema_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
