@@ -1,4 +1,5 @@
-"""Fixtures: real servers (started here), and ``locks`` parametrized over every backend.
+"""Fixtures: real servers (started here), and ``locks`` parametrized over every backend
+of the table in ``tests/scenarios.py`` (``scenario`` is the row, ``backend_url`` its URL).
 
 The contract suite (``test_contract.py``) takes the ``locks`` fixture and so runs once
 per backend; a test needing a capability the backend lacks skips itself with a reason
@@ -8,10 +9,8 @@ per backend; a test needing a capability the backend lacks skips itself with a r
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import shutil
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -19,110 +18,67 @@ import pytest
 import aiolock
 from aiolock import Capability
 
+from .faults.backends import RedlockServers
 from .mc_server import MemcachedServer
 from .mysql_server import MariaDBServer
 from .pg_server import PostgresServer
+from .scenarios import SCENARIOS, Scenario, params
 from .servers import RedisServer
 from .zk_server import ZooKeeperServer
 
-BACKENDS = ["memory", "redis", "zookeeper", "postgres", "postgres-row", "memcached", "mysql",
-            "mysql-row"]
-# backends still being built join the suite as soon as their module exists
-BACKENDS += [
-    param for param, module in (
-        ("redis-cluster", "aiolock.backends.redis_cluster"),
-        ("redis-sentinel", "aiolock.backends.redis_sentinel"),
-        ("redlock", "aiolock.backends.redlock"),
-    ) if importlib.util.find_spec(module) is not None
-]
-if importlib.util.find_spec("etcd3aio") is not None and shutil.which("etcd") is not None:
-    BACKENDS += ["etcd", "etcd-cluster"]
+#: the backend ids of the contract suite, in the order of the table (tests/scenarios.py)
+BACKENDS = [s.id for s in SCENARIOS]
 
 
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.close()
+def session_server(name: str, make: Callable[[], Any], doc: str = "") -> Any:
+    """A session fixture ``name``: the server ``make()`` gives, started on first use and
+    closed at the end of the session."""
 
-
-@pytest.fixture(scope="session")
-def zk_server() -> Iterator[ZooKeeperServer]:
-    server = ZooKeeperServer().start()
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    server = PostgresServer().start()
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="session")
-def mysql_server() -> Iterator[MariaDBServer]:
-    server = MariaDBServer().start()
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="session")
-def memcached_server() -> Iterator[MemcachedServer]:
-    server = MemcachedServer().start()
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="session")
-def redis_cluster() -> Iterator[Any]:
-    """A real 3-master Redis Cluster on loopback (``redis-cli --cluster create``)."""
-    from .redis_topology import RedisClusterServers
-
-    servers = RedisClusterServers(masters=3).start()
-    yield servers
-    servers.close()
-
-
-@pytest.fixture(scope="session")
-def redis_sentinel() -> Iterator[Any]:
-    """A real master, replica and sentinel on loopback."""
-    from .redis_topology import RedisSentinelServers
-
-    servers = RedisSentinelServers().start()
-    yield servers
-    servers.close()
-
-
-@pytest.fixture(scope="session")
-def redlock_servers() -> Iterator[list[RedisServer]]:
-    """Three independent redis-servers for ``redlock://``."""
-    servers = [RedisServer().start() for _ in range(3)]
-    yield servers
-    for server in servers:
+    def fixture() -> Iterator[Any]:
+        server = make().start()
+        yield server
         server.close()
 
+    fixture.__doc__ = doc
+    return pytest.fixture(scope="session", name=name)(fixture)
 
-def redlock_url(servers: list[RedisServer]) -> str:
-    return "redlock://" + ",".join(f"127.0.0.1:{s.port}" for s in servers)
+
+def _cluster() -> Any:
+    from .redis_topology import RedisClusterServers
+
+    return RedisClusterServers(masters=3)
+
+
+def _sentinel() -> Any:
+    from .redis_topology import RedisSentinelServers
+
+    return RedisSentinelServers()
+
+
+def _etcd(members: int) -> Any:
+    from .etcd_server import EtcdCluster, EtcdServer
+
+    return EtcdCluster(members) if members > 1 else EtcdServer()
+
+
+redis_server = session_server("redis_server", RedisServer)
+zk_server = session_server("zk_server", ZooKeeperServer)
+postgres_server = session_server("postgres_server", PostgresServer)
+mysql_server = session_server("mysql_server", MariaDBServer)
+memcached_server = session_server("memcached_server", MemcachedServer)
+redis_cluster = session_server("redis_cluster", _cluster,
+                               "A real 3-master Redis Cluster on loopback (``redis-cli --cluster create``).")
+redis_sentinel = session_server("redis_sentinel", _sentinel,
+                                "A real master, replica and sentinel on loopback.")
+etcd_server = session_server("etcd_server", lambda: _etcd(1))
+etcd_cluster = session_server("etcd_cluster", lambda: _etcd(3))
+_redlock_nodes = session_server("redlock_nodes", lambda: RedlockServers(3))
 
 
 @pytest.fixture(scope="session")
-def etcd_server() -> Iterator[Any]:
-    from .etcd_server import EtcdServer
-
-    server = EtcdServer().start()
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="session")
-def etcd_cluster() -> Iterator[Any]:
-    from .etcd_server import EtcdCluster
-
-    cluster = EtcdCluster(3).start()
-    yield cluster
-    cluster.close()
+def redlock_servers(redlock_nodes: Any) -> list[RedisServer]:
+    """Three independent redis-servers for ``redlock://``."""
+    return list(redlock_nodes.nodes)
 
 
 @pytest.fixture
@@ -130,33 +86,16 @@ def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
 
 
-@pytest.fixture(params=BACKENDS)
-def backend_url(request: pytest.FixtureRequest) -> str:
-    if request.param == "memory":
-        return f"memory://test-{uuid.uuid4().hex[:8]}"
-    if request.param == "zookeeper":
-        zk: ZooKeeperServer = request.getfixturevalue("zk_server")
-        return f"zookeeper://{zk.hosts}/aiolock-{uuid.uuid4().hex[:8]}"  # fresh chroot
-    if request.param == "memcached":
-        mc: MemcachedServer = request.getfixturevalue("memcached_server")
-        return mc.url
-    if request.param.startswith("postgres"):
-        pg: PostgresServer = request.getfixturevalue("postgres_server")
-        return pg.url + ("?mode=row" if request.param == "postgres-row" else "")
-    if request.param.startswith("mysql"):
-        my: MariaDBServer = request.getfixturevalue("mysql_server")
-        return my.url + ("?mode=row" if request.param == "mysql-row" else "")
-    if request.param == "redis-cluster":
-        return str(request.getfixturevalue("redis_cluster").url)
-    if request.param == "redis-sentinel":
-        return str(request.getfixturevalue("redis_sentinel").url)
-    if request.param == "redlock":
-        return redlock_url(request.getfixturevalue("redlock_servers"))
-    if request.param.startswith("etcd"):  # a fresh key prefix per test
-        etcd = request.getfixturevalue("etcd_cluster" if request.param == "etcd-cluster" else "etcd_server")
-        return f"{etcd.url}?prefix=aiolock-{uuid.uuid4().hex[:8]}"
-    server: RedisServer = request.getfixturevalue("redis_server")
-    return server.url
+@pytest.fixture(params=params())
+def scenario(request: pytest.FixtureRequest) -> Scenario:
+    """One row of the backend table (tests/scenarios.py)."""
+    row: Scenario = request.param
+    return row
+
+
+@pytest.fixture
+def backend_url(scenario: Scenario, request: pytest.FixtureRequest) -> str:
+    return scenario.url(request)
 
 
 @pytest.fixture

@@ -1,36 +1,24 @@
-"""Fixtures for the adversarial coordination tests: the backends that declare the
-coordination capabilities today (memory, PostgreSQL and MySQL/MariaDB in each mode, etcd), each
-on the real servers that ``tests/conftest.py`` starts. Backends without a capability skip
-(or must refuse with ``ValueError``)."""
+"""Fixtures for the adversarial coordination tests: the backends of tests/scenarios.py that
+declare the coordination capabilities (read from the backend classes, so a backend that
+gains one joins), each on the real servers that ``tests/conftest.py`` starts. Backends
+without a capability skip (or must refuse with ``ValueError``)."""
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 
 import aiolock
+from aiolock import Capability
 
-from ..mysql_server import MariaDBServer
 from ..pg_server import PostgresServer
+from ..scenarios import Scenario, params
 
-HAVE_ETCD = importlib.util.find_spec("etcd3aio") is not None and shutil.which("etcd") is not None
-ETCD = ["etcd"] if HAVE_ETCD else []
-COORD_BACKENDS = ["memory", "postgres", "postgres-row", "mysql", "mysql-row", *ETCD]
-
-
-def _server_url(request: pytest.FixtureRequest, param: str) -> str:
-    if param.startswith("mysql"):
-        my: MariaDBServer = request.getfixturevalue("mysql_server")
-        return my.url + ("?mode=row" if param == "mysql-row" else "")
-    if param == "etcd":  # a fresh key prefix per test
-        etcd = request.getfixturevalue("etcd_server")
-        return f"{etcd.url}?prefix=aiolock-{uuid.uuid4().hex[:8]}"
-    pg: PostgresServer = request.getfixturevalue("postgres_server")
-    return pg.url + ("?mode=row" if param == "postgres-row" else "")
+# each backend once (not again on another topology), chosen by what it declares
+COORD = params(Capability.HOLDERS, topologies=False)
+ELECT = params(Capability.ELECTION, topologies=False)
+SHARED = params(Capability.ELECTION, Capability.DISTRIBUTED, topologies=False)
 
 
 @pytest.fixture
@@ -38,11 +26,11 @@ def pg_url(postgres_server: PostgresServer) -> str:
     return postgres_server.url
 
 
-@pytest.fixture(params=COORD_BACKENDS)
+@pytest.fixture(params=COORD)
 def coord_url(request: pytest.FixtureRequest) -> str:
-    if request.param == "memory":
-        return f"memory://adv-{uuid.uuid4().hex[:8]}"
-    return _server_url(request, request.param)
+    """Backends that declare HOLDERS (the tests check the other capabilities)."""
+    row: Scenario = request.param
+    return row.url(request)
 
 
 @pytest.fixture
@@ -51,15 +39,11 @@ async def coord(coord_url: str) -> AsyncIterator[aiolock.Locks]:
         yield conn
 
 
-@pytest.fixture(params=["memory", "postgres", "mysql", *ETCD])
+@pytest.fixture(params=ELECT)
 def elect_url(request: pytest.FixtureRequest) -> str:
-    """Backends that declare ELECTION (checked in the tests)."""
-    if request.param == "memory":
-        return f"memory://adv-{uuid.uuid4().hex[:8]}"
-    if request.param != "postgres":
-        return _server_url(request, request.param)
-    pg: PostgresServer = request.getfixturevalue("postgres_server")
-    return pg.url
+    """Backends that declare ELECTION."""
+    row: Scenario = request.param
+    return row.url(request)
 
 
 @pytest.fixture
@@ -68,13 +52,16 @@ async def elocks(elect_url: str) -> AsyncIterator[aiolock.Locks]:
         yield conn
 
 
-@pytest.fixture(params=["postgres", "mysql", *ETCD])
-def shared_url(request: pytest.FixtureRequest) -> str:
+@pytest.fixture(params=SHARED)
+def shared_scenario(request: pytest.FixtureRequest) -> Scenario:
     """A server-backed ELECTION backend, shared across processes."""
-    if request.param != "postgres":
-        return _server_url(request, request.param)
-    pg: PostgresServer = request.getfixturevalue("postgres_server")
-    return pg.url
+    row: Scenario = request.param
+    return row
+
+
+@pytest.fixture
+def shared_url(shared_scenario: Scenario, request: pytest.FixtureRequest) -> str:
+    return shared_scenario.url(request)
 
 
 # Parametrizations run only with the slow tests (-m slow): the default run keeps one or two
