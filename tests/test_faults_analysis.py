@@ -3,27 +3,26 @@ log shows the bug it counts, and say n/a only where the backend documents the lo
 
 from __future__ import annotations
 
-from typing import Any
-
 from tests.faults.analysis import Figure, analyze
 from tests.faults.backends import BACKENDS
+from tests.faults.records import Access, Acquired, Event, Record
 
 TTL = 1.0
 
 
-def figures(backend: str, log: list[list[Any]], events: list[dict[str, Any]] | None = None
+def figures(backend: str, log: list[Record], events: list[Event] | None = None
             ) -> dict[str, Figure]:
     figs = analyze(BACKENDS[backend], TTL, log, events or [], {}, {}, {})
     return {f.key: f for f in figs}
 
 
-def grant(lock: str, token: int, pid: int, t: float) -> list[Any]:
-    return ["A", t, lock, token, pid, t - 0.001, t]
+def grant(lock: str, token: int, pid: int, t: float) -> Acquired:
+    return Acquired("A", t, lock, token, pid, t - 0.001, t)
 
 
 def write(lock: str, token: int, pid: int, t: float, ok: bool, read: int = 0, before: int = 0
-          ) -> list[Any]:
-    return ["W", t, lock, token, pid, t, ok, read, before]
+          ) -> Access:
+    return Access("W", t, lock, token, pid, t, ok, read, before)
 
 
 def test_a_clean_handoff_is_ok() -> None:
@@ -57,13 +56,13 @@ def test_duplicate_token_fails() -> None:
 def test_token_restart_after_a_sentinel_failover_is_na_long_after_the_window() -> None:
     # tokens up to 7 before the failover at t=3..4; the promoted replica's counter
     # restarts at 3, and the restarted leases act (rejected by the fence) 20 s later
-    failover = {"kind": "failover", "t0": 3.0, "t1": 4.0, "pid": 0, "holdings": []}
+    failover = Event("failover", 3.0, 4.0, 0, [], {})
     log = [grant("x", 7, 10, 2.0), write("x", 7, 10, 2.1, True),
            grant("x", 3, 11, 25.0), write("x", 3, 11, 25.1, False)]
     figs = figures("redis-sentinel", log, [failover])
     assert figs["superseded"].status == "ok" and figs["superseded"].value == 0
     assert figs["superseded"].detail["n_a"] == 1
     # the same log on a backend that does not forget: a failure
-    assert figures("redis", log, [dict(failover, kind="restart")])["superseded"].status == "FAIL"
+    assert figures("redis", log, [failover._replace(kind="restart")])["superseded"].status == "FAIL"
     # and on Sentinel with no failover between the two grants: a failure too
     assert figures("redis-sentinel", log)["superseded"].status == "FAIL"

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from ..conftest import session_server
 from .servers import PasswordRedis, TLSRedis
 
 SECRET = "s3cr3t-Pa55w0rd-xyz"
@@ -28,25 +28,9 @@ ACL_USERS = [
 ]
 
 
-@pytest.fixture(scope="session")
-def password_redis() -> Iterator[PasswordRedis]:
-    server = PasswordRedis(password=SECRET).start()
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="session")
-def acl_redis() -> Iterator[PasswordRedis]:
-    server = PasswordRedis(users=ACL_USERS).start()
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="session")
-def tls_redis() -> Iterator[TLSRedis]:
-    server = TLSRedis().start()
-    yield server
-    server.close()
+password_redis = session_server("password_redis", lambda: PasswordRedis(password=SECRET))
+acl_redis = session_server("acl_redis", lambda: PasswordRedis(users=ACL_USERS))
+tls_redis = session_server("tls_redis", TLSRedis)
 
 
 # Defects these tests found that are still open: test id (as pytest shows it, without the

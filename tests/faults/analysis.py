@@ -1,10 +1,7 @@
 """From the checker's log, the fault events and the probes' results to the figures.
 
-Log records (see checker.py), all times ``time.monotonic()``:
-``["A", t, lock, token, pid, t_req, t_acq]``, ``["R", t, lock, token, pid, t_check, ok, value]``,
-``["W", t, lock, token, pid, t_check, ok, read, before]``,
-``["E", t, lock, token, pid, t_exit, t_done, how]``, ``["C", t, pid, what, ok]``,
-``["S", t, pid, expired, detected]``, ``["N", t, pid, text]``.
+Log records and events are the named tuples of ``records.py``; all times are
+``time.monotonic()``.
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ from typing import Any
 
 from .backends import BackendSpec
 from .common import percentile
+from .records import Access, Acquired, Echo, Ended, Event, Record, Stall
 
 __all__ = ["Figure", "analyze"]
 
@@ -41,46 +39,54 @@ def _fmt_s(v: float | None) -> str:
     return f"{v * 1000:.0f}ms" if v < 1 else f"{v:.2f}s"
 
 
-def analyze(spec: BackendSpec, ttl: float, log: list[list[Any]], events: list[dict[str, Any]],
+def _grant_index(recs: list[Acquired]) -> tuple[list[float], list[int]]:
+    """Grant times (sorted) and the highest token granted up to each."""
+    top, prefix = -1, []
+    for r in recs:
+        top = max(top, r.token)
+        prefix.append(top)
+    return [r.t_acq for r in recs], prefix
+
+
+def analyze(spec: BackendSpec, ttl: float, log: list[Record], events: list[Event],
             probe: dict[str, Any], holds: dict[str, Any], extra: dict[str, Any]) -> list[Figure]:
     """Every figure of one backend."""
-    acq: dict[str, list[list[Any]]] = collections.defaultdict(list)
-    accesses: list[list[Any]] = []
-    ends: dict[str, list[list[Any]]] = collections.defaultdict(list)
+    acq: dict[str, list[Acquired]] = collections.defaultdict(list)
+    accesses: list[Access] = []
+    ends: dict[str, list[Ended]] = collections.defaultdict(list)
     by_pid_token: dict[tuple[int, int], float] = {}
     stall_expired = stall_detected = 0
     echo_desync = echo_err = echo_n = 0
     for rec in log:
-        kind = rec[0]
-        if kind == "A":
-            acq[rec[2]].append(rec)
-            by_pid_token[(rec[4], rec[3])] = rec[6]
-        elif kind in ("R", "W"):
+        if isinstance(rec, Acquired):
+            acq[rec.lock].append(rec)
+            by_pid_token[(rec.pid, rec.token)] = rec.t_acq
+        elif isinstance(rec, Access):
             accesses.append(rec)
-        elif kind == "E":
-            ends[rec[2]].append(rec)
-        elif kind == "S":
-            stall_expired += rec[3]
-            stall_detected += rec[4]
-        elif kind == "C":
+        elif isinstance(rec, Ended):
+            ends[rec.lock].append(rec)
+        elif isinstance(rec, Stall):
+            stall_expired += rec.expired
+            stall_detected += rec.detected
+        elif isinstance(rec, Echo):
             echo_n += 1
-            if rec[4] is False:
+            if rec.ok is False:
                 echo_desync += 1
-            elif rec[4] is None:
+            elif rec.ok is None:
                 echo_err += 1
     for recs in acq.values():
-        recs.sort(key=lambda r: r[6])
-    forgetting = [ev for ev in events if any(f in ev["kind"] for f in spec.forgets)]
+        recs.sort(key=lambda r: r.t_acq)
+    forgetting = [ev for ev in events if any(f in ev.kind for f in spec.forgets)]
 
     def explained(t: float) -> bool:
-        return any(ev["t0"] - 0.1 <= t <= ev["t1"] + ttl + 1.0 for ev in forgetting)
+        return any(ev.t0 - 0.1 <= t <= ev.t1 + ttl + 1.0 for ev in forgetting)
 
     def restarted(before: float, after: float) -> bool:
         """A forgetting fault lies between two grants: the token counter may have gone
         back at it (a failover without WAIT), so every grant after it can carry a lower
         token than grants before it. The fence rejects those (stale_accepted stays the
         real check); acting on such a lease is what the backend documents, not a bug."""
-        return any(before <= ev["t1"] + ttl + 1.0 and after >= ev["t0"] - 0.1 for ev in forgetting)
+        return any(before <= ev.t1 + ttl + 1.0 and after >= ev.t0 - 0.1 for ev in forgetting)
 
     figs: list[Figure] = []
 
@@ -88,7 +94,7 @@ def analyze(spec: BackendSpec, ttl: float, log: list[list[Any]], events: list[di
     highest: dict[str, int] = {}
     stale_acc = wrong_rej = rej_w = rej_r = lost_updates = lost_na = writes = reads = 0
     for rec in accesses:
-        lock, tok, ok = rec[2], rec[3], rec[6]
+        lock, tok, ok = rec.lock, rec.token, rec.ok
         top = highest.get(lock)
         if ok:
             if top is not None and tok < top:
@@ -96,14 +102,14 @@ def analyze(spec: BackendSpec, ttl: float, log: list[list[Any]], events: list[di
             highest[lock] = max(tok, top if top is not None else tok)
         elif top is None or tok >= top:
             wrong_rej += 1
-        if rec[0] == "W":
+        if rec.kind == "W":
             writes += 1
             if not ok:
                 rej_w += 1
-            elif rec[7] != rec[8]:
+            elif rec.read != rec.before:
                 # two holders with one token (a failover lost the increment) both pass
                 # the fence: inside such a fault's window it is what the backend documents
-                if explained(rec[5]):
+                if explained(rec.t_check):
                     lost_na += 1
                 else:
                     lost_updates += 1
@@ -118,25 +124,20 @@ def analyze(spec: BackendSpec, ttl: float, log: list[list[Any]], events: list[di
 
     dups = dups_na = regress = regress_na = 0
     for recs in acq.values():
-        counts = collections.Counter(r[3] for r in recs)
+        counts = collections.Counter(r.token for r in recs)
         seen: set[int] = set()
         for r in recs:  # in grant order: the second grant of a token is the duplicate
-            if r[3] in seen:
-                if explained(r[6]):
+            if r.token in seen:
+                if explained(r.t_acq):
                     dups_na += 1
                 else:
                     dups += 1
-            seen.add(r[3])
-        tacqs = [r[6] for r in recs]
-        prefix: list[int] = []
-        top = -1
+            seen.add(r.token)
+        tacqs, prefix = _grant_index(recs)
         for r in recs:
-            top = max(top, r[3])
-            prefix.append(top)
-        for r in recs:
-            i = bisect.bisect_left(tacqs, r[5])
-            if i and prefix[i - 1] >= r[3] and counts[r[3]] == 1:
-                if explained(r[5]):
+            i = bisect.bisect_left(tacqs, r.t_req)
+            if i and prefix[i - 1] >= r.token and counts[r.token] == 1:
+                if explained(r.t_req):
                     regress_na += 1
                 else:
                     regress += 1
@@ -151,27 +152,21 @@ def analyze(spec: BackendSpec, ttl: float, log: list[list[Any]], events: list[di
 
     superseded = superseded_na = 0
     examples: list[Any] = []
-    index: dict[str, tuple[list[float], list[int]]] = {}
-    for lock, recs in acq.items():
-        top, prefix = -1, []
-        for r in recs:
-            top = max(top, r[3])
-            prefix.append(top)
-        index[lock] = ([r[6] for r in recs], prefix)
+    index = {lock: _grant_index(recs) for lock, recs in acq.items()}
     for rec in accesses:
-        tacqs, prefix = index.get(rec[2], ([], []))
-        tc, tok = rec[5], rec[3]
+        tacqs, prefix = index.get(rec.lock, ([], []))
+        tc, tok = rec.t_check, rec.token
         i = bisect.bisect_left(tacqs, tc)
         if not i or prefix[i - 1] <= tok:
             continue
-        newer = next(r for r in acq[rec[2]][:i] if r[3] > tok)
-        own = by_pid_token.get((rec[4], tok))
-        if explained(newer[6]) or (own is not None and restarted(newer[6], own)):
+        newer = next(r for r in acq[rec.lock][:i] if r.token > tok)
+        own = by_pid_token.get((rec.pid, tok))
+        if explained(newer.t_acq) or (own is not None and restarted(newer.t_acq, own)):
             superseded_na += 1
         else:
             superseded += 1
             if len(examples) < 3:
-                examples.append({"access": rec, "newer": newer})
+                examples.append({"access": rec._asdict(), "newer": newer._asdict()})
     text = str(superseded) + (f" (+{superseded_na} n/a)" if superseded_na else "")
     status = "ok" if superseded == 0 else "FAIL"
     figs.append(Figure("superseded", superseded, text, status,
@@ -181,12 +176,12 @@ def analyze(spec: BackendSpec, ttl: float, log: list[list[Any]], events: list[di
 
     after_resume = 0
     for ev in events:
-        if ev["kind"] != "stop":
+        if ev.kind != "stop":
             continue
         for rec in accesses:
-            if rec[4] == ev["pid"] and rec[5] >= ev["t1"]:
-                got = by_pid_token.get((rec[4], rec[3]))
-                if got is not None and got <= ev["t0"]:
+            if rec.pid == ev.pid and rec.t_check >= ev.t1:
+                got = by_pid_token.get((rec.pid, rec.token))
+                if got is not None and got <= ev.t0:
                     after_resume += 1
     figs.append(Figure("after_resume", after_resume, str(after_resume),
                        "ok" if after_resume == 0 else "FAIL"))
@@ -207,38 +202,38 @@ def analyze(spec: BackendSpec, ttl: float, log: list[list[Any]], events: list[di
     bound, label = spec.kill_bound(ttl)
     takeovers: list[float] = []
     for ev in events:
-        if ev["kind"] != "kill":
+        if ev.kind != "kill":
             continue
-        for lock, _tok in ev["holdings"]:
+        for lock, _tok in ev.holdings:
             # the first acquisition by another process after the kill, counted when some
             # task was already waiting at the kill (else it says when someone asked)
             recs = acq.get(lock, [])
-            after = [r for r in recs if r[6] > ev["t0"] and r[4] != ev["pid"]]
-            if not any(r[5] < ev["t0"] for r in after):
+            after = [r for r in recs if r.t_acq > ev.t0 and r.pid != ev.pid]
+            if not any(r.t_req < ev.t0 for r in after):
                 if not after:
                     takeovers.append(math.inf)
                 continue
-            takeovers.append(min(r[6] for r in after) - ev["t0"])
+            takeovers.append(min(r.t_acq for r in after) - ev.t0)
     worst = max(takeovers) if takeovers else None
     status = "ok" if worst is None or worst <= bound else "FAIL"
     if label.startswith("n/a") and status == "ok":
         status = "n/a"
-    kills = sum(1 for ev in events if ev["kind"] == "kill")
+    kills = sum(1 for ev in events if ev.kind == "kill")
     text = (f"{_fmt_s(worst)} (n={len(takeovers)})" if takeovers
             else "- (nobody waiting)" if kills else "- (no kill)")
     figs.append(Figure("kill_takeover", worst, text, status, {"bound": bound, "bound_label": label,
                                                               "all": takeovers}))
 
     handoffs: list[float] = []
-    for lock, recs in ends.items():
+    for lock, ended in ends.items():
         arecs = acq.get(lock, [])
-        tacqs = [r[6] for r in arecs]
-        for e in recs:
-            if e[7] != "released":
+        tacqs = [r.t_acq for r in arecs]
+        for e in ended:
+            if e.how != "released":
                 continue
-            i = bisect.bisect_right(tacqs, e[5])
-            if i < len(arecs) and arecs[i][5] < e[6]:
-                handoffs.append(arecs[i][6] - e[5])
+            i = bisect.bisect_right(tacqs, e.t_exit)
+            if i < len(arecs) and arecs[i].t_req < e.t_done:
+                handoffs.append(arecs[i].t_acq - e.t_exit)
     p50, p99 = percentile(handoffs, 0.5), percentile(handoffs, 0.99)
     figs.append(Figure("handoff_p99", p99, f"{_fmt_s(p50)} / {_fmt_s(p99)}", "ok", {"n": len(handoffs)}))
 
@@ -262,10 +257,10 @@ def analyze(spec: BackendSpec, ttl: float, log: list[list[Any]], events: list[di
 
     stops = taken = 0
     for ev in events:
-        if ev["kind"] == "stop" and ev["holdings"]:
-            for lock, _tok in ev["holdings"]:
+        if ev.kind == "stop" and ev.holdings:
+            for lock, _tok in ev.holdings:
                 stops += 1
-                if any(ev["t0"] <= r[6] <= ev["t1"] and r[4] != ev["pid"] for r in acq.get(lock, [])):
+                if any(ev.t0 <= r.t_acq <= ev.t1 and r.pid != ev.pid for r in acq.get(lock, [])):
                     taken += 1
     figs.append(Figure("stop_takeover", taken, f"{taken} / {stops}", "ok"))
 
@@ -273,21 +268,21 @@ def analyze(spec: BackendSpec, ttl: float, log: list[list[Any]], events: list[di
     # grant of each lock, the worst lock and event (how long the locks were unavailable)
     outages: list[float] = []
     for ev in events:
-        if ev["kind"] not in ("restart", "failover", "killmaster", "leader"):
+        if ev.kind not in ("restart", "failover", "killmaster", "leader"):
             continue
         for recs in acq.values():
-            nxt = [r[6] for r in recs if r[6] > ev["t0"]]
-            outages.append(min(nxt) - ev["t0"] if nxt else math.inf)
+            nxt = [r.t_acq for r in recs if r.t_acq > ev.t0]
+            outages.append(min(nxt) - ev.t0 if nxt else math.inf)
     worst = max(outages) if outages else None
     figs.append(Figure("server_fault_gap", worst,
                        f"{_fmt_s(worst)} (n={len(outages)})" if outages else "-", "ok",
                        {"all": outages}))
 
     # -- the run --------------------------------------------------------------------------
-    fenced = sum(1 for rec in accesses if rec[0] == "W")
+    fenced = sum(1 for rec in accesses if rec.kind == "W")
     figs.append(Figure("fenced", fenced, f"{fenced:,}", "ok",
                        {"acquisitions": sum(len(v) for v in acq.values())}))
-    kinds = collections.Counter(ev["kind"].split(":")[0] for ev in events)
+    kinds = collections.Counter(ev.kind.split(":")[0] for ev in events)
     figs.append(Figure("faults", sum(kinds.values()),
                        " ".join(f"{k}{v}" for k, v in sorted(kinds.items())), "ok", dict(kinds)))
     if extra:

@@ -1,5 +1,5 @@
-"""What the harness knows about each backend: its servers, URL, fault kinds, bounds and
-the guarantees it cannot give.
+"""What the harness knows about each backend, as data: its servers, URL, fault actions,
+bounds and the guarantees it cannot give.
 
 Servers come from ``tests/servers.py``, ``tests/pg_server.py``, ``tests/mc_server.py``
 and ``tests/zk_server.py`` (used as they are: this package only wraps them).
@@ -7,25 +7,37 @@ and ``tests/zk_server.py`` (used as they are: this package only wraps them).
 
 from __future__ import annotations
 
+import importlib
 import math
 import shutil
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..servers import RedisServer, ServerProcess
+from . import actions
+from .actions import Fault
 
 __all__ = ["BACKENDS", "BackendSpec", "ensemble_class"]
+
+if TYPE_CHECKING:
+    from .harness import BackendRun
 
 
 @dataclass
 class BackendSpec:
-    """One column of the table."""
+    """One column of the table: how to start the backend's server(s) and reach them, the
+    faults it takes (kind -> action, see actions.py), its bounds and what it cannot give."""
 
     key: str
     #: which kind of nonce echo (see common.echo)
     echo: str
+    #: the server(s), not started (``start()``, ``close()``)
+    server: Callable[[], Any]
+    #: the URL of a started server, or of proxies on these ports in front of it
+    url: Callable[[Any, list[int] | None], str]
     #: fault kinds injected in the workload (besides the workers' own cancellations)
-    faults: list[str]
+    faults: dict[str, Fault]
     #: fault kinds that make the server forget a lease before its holder can know (the
     #: backend says so in its docs): a lease believed after someone else was granted the
     #: lock inside such a fault's window is reported as "n/a", not as a failure
@@ -33,110 +45,94 @@ class BackendSpec:
     #: why, for the table and the docs
     forgets_why: str = ""
     options: dict[str, Any] = field(default_factory=dict)
-    #: extra per-backend scenario ("restart-no-aof")
-    extra: str = ""
+    #: an extra scenario after the workload (its figure is added to the table)
+    extra: Callable[[BackendRun], Awaitable[dict[str, Any]]] | None = None
     #: each worker reaches the server(s) through its own proxies (one per node)
     proxied: bool = True
     #: fault kinds left out, and why (for the table's footnote and the docs)
     not_injected: str = ""
+    #: the liveness bound of a kill -9ed holder's lock, and its label, for a ttl
+    kill: Callable[[float], tuple[float, str]] = field(default=lambda ttl: _expiry_bound(ttl))
+    #: the port(s) a worker's proxies forward to
+    ports: Callable[[Any], list[int]] = lambda server: [server.port]
+    #: the server keeps one connection per held lease (PostgreSQL, MySQL): fewer holds
+    #: in the fault-free probe, and a pool large enough for them
+    connection_per_hold: bool = False
+    #: leases held at once in the fault-free probe (None: all of them)
+    holds_at_once: int | None = None
+    #: acquires sent at once in that probe (redis-py pools: one connection per request)
+    burst: int = 500
+    #: seconds a quick run takes, roughly: the longest start first
+    weight: float = 20.0
 
     def kill_bound(self, ttl: float) -> tuple[float, str]:
         """The liveness bound for a kill -9ed holder's lock, and its label."""
-        renew = ttl / 3
-        if self.key in ("postgres", "mysql"):
-            return 1.0, "1 s"
-        if self.key.startswith("zookeeper"):
-            st = float(self.options["session_timeout"])
-            return st + 0.5, f"session {st:g}s+0.5"
-        if self.key.startswith("etcd"):
-            # whole-second etcd leases (at least 1 s), swept every 0.5 s (backend doc)
-            bound = max(math.ceil(ttl), 1) + 0.5 + renew + 0.25
-            return bound, f"lease {max(math.ceil(ttl), 1)}s+0.5+ttl/3+0.25={bound:.2f}s"
-        if self.key == "memcached":
-            # whole-second expiries: E = ceil(ttl) + 2 after the last renewal (module doc)
-            bound = math.ceil(ttl) + 2 + 0.25
-            return bound, f"n/a: whole-s expiry, doc bound {bound:g}s"
-        return ttl + renew + 0.25, f"ttl+ttl/3+0.25={ttl + renew + 0.25:.2f}s"
+        return self.kill(ttl)
 
-    def make_server(self) -> Any:
-        if self.key == "redis":
-            from ..servers import RedisServer
 
-            return RedisServer(appendonly=False)
-        if self.key.startswith("redis-aof"):
-            return AofRedisServer(fsync="everysec" if self.key == "redis-aof-everysec" else "always")
-        if self.key == "postgres":
-            from ..pg_server import PostgresServer
+def _expiry_bound(ttl: float) -> tuple[float, str]:
+    bound = ttl + ttl / 3 + 0.25
+    return bound, f"ttl+ttl/3+0.25={bound:.2f}s"
 
-            return PostgresServer()
-        if self.key == "mysql":
-            from ..mysql_server import MariaDBServer
 
-            return MariaDBServer()
-        if self.key == "memcached":
-            from ..mc_server import MemcachedServer
+def _session_bound(session_timeout: float) -> Callable[[float], tuple[float, str]]:
+    return lambda _ttl: (session_timeout + 0.5, f"session {session_timeout:g}s+0.5")
 
-            return MemcachedServer()
-        if self.key == "zookeeper":
-            from ..zk_server import ZooKeeperServer
 
-            return ZooKeeperServer()
-        if self.key == "redlock":
-            return RedlockServers(3)
-        if self.key == "redis-cluster":
-            return AofClusterServers(masters=3)
-        if self.key.startswith("redis-sentinel"):
-            from ..redis_topology import RedisSentinelServers
+def _etcd_bound(ttl: float) -> tuple[float, str]:
+    # whole-second etcd leases (at least 1 s), swept every 0.5 s (backend doc)
+    lease = max(math.ceil(ttl), 1)
+    bound = lease + 0.5 + ttl / 3 + 0.25
+    return bound, f"lease {lease}s+0.5+ttl/3+0.25={bound:.2f}s"
 
-            return SentinelSetup(RedisSentinelServers())
-        if self.key == "etcd":
-            from ..etcd_server import EtcdServer
 
-            return EtcdServer()
-        if self.key == "etcd-3":
-            from ..etcd_server import EtcdCluster
+def _memcached_bound(ttl: float) -> tuple[float, str]:
+    # whole-second expiries: E = ceil(ttl) + 2 after the last renewal (module doc)
+    bound = math.ceil(ttl) + 2 + 0.25
+    return bound, f"n/a: whole-s expiry, doc bound {bound:g}s"
 
-            return EtcdCluster(3)
-        if self.key == "zookeeper-3":
-            cls = ensemble_class()
-            if cls is None:
-                raise RuntimeError("tests/zk_server.py has no ZooKeeperEnsemble yet")
-            return cls(size=3)
-        raise ValueError(self.key)
 
-    def ports(self, server: Any) -> list[int]:
-        """The port(s) a worker's proxies forward to."""
-        if self.key == "redlock":
-            return [node.port for node in server.nodes]
-        return [server.port]
+def _connection_bound(_ttl: float) -> tuple[float, str]:
+    return 1.0, "1 s"  # the killed holder's connection drops: the server frees at once
 
-    def url(self, server: Any, port: int | list[int] | None = None) -> str:
-        """The URL of ``server``, or of proxies on ``port`` (redlock: one per node) in
-        front of it."""
-        if self.key == "zookeeper-3":
-            return str(server.url("/aiolock-faults"))
-        if self.key == "etcd-3":
-            return f"{server.url}?prefix=aiolock-faults"
-        if self.key == "etcd":
-            p = (port[0] if isinstance(port, list) else port) or server.port
-            return f"etcd://127.0.0.1:{p}?prefix=aiolock-faults"
-        if self.key == "redlock":
-            ports = port if isinstance(port, list) else self.ports(server)
-            return "redlock://" + ",".join(f"127.0.0.1:{p}" for p in ports) + "/0"
-        if self.key in ("redis-cluster", "redis-sentinel", "redis-sentinel-wait"):
-            return str(server.url)
-        if isinstance(port, list):
-            port = port[0]
-        p = port or server.port
-        if self.key.startswith("redis"):
-            return f"redis://127.0.0.1:{p}/0"
-        if self.key == "postgres":
-            return f"postgresql://{server.user}@127.0.0.1:{p}/{server.database}"
-        if self.key == "memcached":
-            return f"memcached://127.0.0.1:{p}"
-        if self.key == "mysql":
-            return str(server.url).replace(f":{server.port}/", f":{p}/")
-        return f"zookeeper://127.0.0.1:{p}/aiolock-faults"
+
+def _at(template: str) -> Callable[[Any, list[int] | None], str]:
+    """The URL ``template`` with ``{port}`` the first proxy's port or the server's."""
+    return lambda server, ports: template.format(port=ports[0] if ports else server.port)
+
+
+def _own_url(suffix: str = "") -> Callable[[Any, list[int] | None], str]:
+    """The server's own URL (clients follow addresses the servers announce: no proxy)."""
+    return lambda server, _ports: str(server.url) + suffix
+
+
+def _redlock_url(server: Any, ports: list[int] | None) -> str:
+    ports = ports or [node.port for node in server.nodes]
+    return "redlock://" + ",".join(f"127.0.0.1:{p}" for p in ports) + "/0"
+
+
+def _postgres_url(server: Any, ports: list[int] | None) -> str:
+    return f"postgresql://{server.user}@127.0.0.1:{ports[0] if ports else server.port}/{server.database}"
+
+
+def _mysql_url(server: Any, ports: list[int] | None) -> str:
+    return str(server.url).replace(f":{server.port}/", f":{ports[0] if ports else server.port}/")
+
+
+def _zk_ensemble() -> Any:
+    cls = ensemble_class()
+    if cls is None:
+        raise RuntimeError("tests/zk_server.py has no ZooKeeperEnsemble yet")
+    return cls(size=3)
+
+
+def _server(module: str, name: str, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+    """A server class of the tests' helpers, imported when the backend runs."""
+
+    def make() -> Any:
+        return getattr(importlib.import_module(f"tests.{module}"), name)(*args, **kwargs)
+
+    return make
 
 
 class AofRedisServer(ServerProcess):
@@ -233,6 +229,12 @@ class AofClusterServers:
         self.inner.close()
 
 
+def _sentinel_setup() -> SentinelSetup:
+    from ..redis_topology import RedisSentinelServers
+
+    return SentinelSetup(RedisSentinelServers())
+
+
 class SentinelSetup:
     """``tests.redis_topology.RedisSentinelServers`` plus a restart of a killed master
     (it comes back and the sentinel turns it into a replica of the new master)."""
@@ -286,70 +288,77 @@ def ensemble_class() -> Any:
     return getattr(zk_server, "ZooKeeperEnsemble", None)
 
 
-_PROXY = ["stop", "kill", "proxy", "stall"]
+_WORKER: dict[str, Fault] = {"stop": actions.stop, "kill": actions.kill, "stall": actions.stall}
+_PROXY: dict[str, Fault] = {**_WORKER, "proxy": actions.proxy}
+_RESTART: dict[str, Fault] = {**_PROXY, "restart": actions.restart}
+_SENTINEL: dict[str, Fault] = {**_WORKER, "failover": actions.failover, "killmaster": actions.killmaster}
+_ENSEMBLE: dict[str, Fault] = {**_WORKER, "leader": actions.leader}
+_REDIS = _at("redis://127.0.0.1:{port}/0")
+_SENTINEL_NO_PROXY = ("proxy: clients connect to the address the sentinel announces, which "
+                      "bypasses a proxy")
+# redis-py's master pool: at most 100 connections by default, and one per request in flight;
+# more concurrent requests fail at once (MaxConnectionsError, raised as BackendUnavailable).
+# The probes run 500 acquires at once.
+_SENTINEL_POOL = {"max_connections": 2000}
 
-BACKENDS: dict[str, BackendSpec] = {
-    "redis": BackendSpec(
-        "redis", "redis", _PROXY, extra="restart-no-aof",
-        forgets_why="restart without AOF: leases and the token counter are gone",
-    ),
-    "redis-aof": BackendSpec("redis-aof", "redis", [*_PROXY, "restart"]),
-    "redis-aof-everysec": BackendSpec(
-        "redis-aof-everysec", "redis", [*_PROXY, "restart"], forgets=["restart"],
-        forgets_why="appendfsync everysec: a kill -9 may lose the last acknowledged writes "
-                    "(leases and token increments)",
-    ),
-    "zookeeper": BackendSpec(
-        "zookeeper", "zookeeper", [*_PROXY, "restart", "expire"], forgets=["expire"],
-        forgets_why="session expired from the server side: its nodes go before the holder hears",
-        options={"session_timeout": 2.0},
-    ),
-    "postgres": BackendSpec(
-        "postgres", "postgres", [*_PROXY, "restart"], forgets=["restart", "proxy:reset"],
-        forgets_why="a dropped connection frees the advisory lock at once; the holder hears at "
-                    "its next renewal",
-    ),
-    "mysql": BackendSpec(
-        "mysql", "mysql", [*_PROXY, "restart"], forgets=["restart", "proxy:reset"],
-        forgets_why="a dropped connection frees the GET_LOCK lock at once; the holder hears at "
-                    "its next renewal",
-    ),
-    "memcached": BackendSpec(
-        "memcached", "memcached", [*_PROXY, "restart"], forgets=["restart"],
-        forgets_why="restart: every lock is gone (no persistence); the holder hears at its next renewal",
-    ),
-    "zookeeper-3": BackendSpec(
-        "zookeeper-3", "zookeeper", ["stop", "kill", "leader", "stall"],
-        options={"session_timeout": 4.0},
-    ),
-    "redlock": BackendSpec(
-        "redlock", "redlock", [*_PROXY, "restart"],
-        not_injected="restart of a majority of the nodes without AOF: the backend documents "
-                     "that tokens may then repeat (as redis without AOF)",
-    ),
-    "redis-cluster": BackendSpec(
-        "redis-cluster", "redis-cluster", ["stop", "kill", "stall", "restart"], proxied=False,
-        not_injected="proxy: cluster clients follow the node addresses the cluster announces "
-                     "(CLUSTER SLOTS / MOVED), which bypass a proxy",
-    ),
-    "redis-sentinel": BackendSpec(
-        "redis-sentinel", "redis", ["stop", "kill", "stall", "failover", "killmaster"],
-        forgets=["failover", "killmaster"], proxied=False,
-        # redis-py's master pool: at most 100 connections by default, and one per request
-        # in flight; more concurrent requests fail at once (MaxConnectionsError, raised
-        # as BackendUnavailable). The probes run 500 acquires at once.
-        options={"max_connections": 2000},
-        forgets_why="failover without wait_replicas: the promoted replica may miss the latest "
-                    "grants and token increments (asynchronous replication)",
-        not_injected="proxy: clients connect to the address the sentinel announces, which "
-                     "bypasses a proxy",
-    ),
-    "etcd": BackendSpec("etcd", "etcd", [*_PROXY, "restart"]),
-    "etcd-3": BackendSpec("etcd-3", "etcd", ["stop", "kill", "leader", "stall"], proxied=False),
-    "redis-sentinel-wait": BackendSpec(
-        "redis-sentinel-wait", "redis", ["stop", "kill", "stall", "failover", "killmaster"], proxied=False,
-        options={"max_connections": 2000, "wait_replicas": 1},
-        not_injected="proxy: clients connect to the address the sentinel announces, which "
-                     "bypasses a proxy",
-    ),
-}
+BACKENDS: dict[str, BackendSpec] = {spec.key: spec for spec in [
+    BackendSpec("redis", "redis", lambda: RedisServer(appendonly=False), _REDIS, _PROXY,
+                extra=actions.restart_no_aof, weight=22,
+                forgets_why="restart without AOF: leases and the token counter are gone"),
+    BackendSpec("redis-aof", "redis", lambda: AofRedisServer("always"), _REDIS, _RESTART, weight=21),
+    BackendSpec("redis-aof-everysec", "redis", lambda: AofRedisServer("everysec"), _REDIS, _RESTART,
+                forgets=["restart"],
+                forgets_why="appendfsync everysec: a kill -9 may lose the last acknowledged writes "
+                            "(leases and token increments)"),
+    BackendSpec("zookeeper", "zookeeper", _server("zk_server", "ZooKeeperServer"),
+                _at("zookeeper://127.0.0.1:{port}/aiolock-faults"),
+                {**_RESTART, "expire": actions.session_expiry}, forgets=["expire"],
+                forgets_why="session expired from the server side: its nodes go before the holder hears",
+                options={"session_timeout": 2.0}, kill=_session_bound(2.0), holds_at_once=1000,
+                weight=28),
+    BackendSpec("postgres", "postgres", _server("pg_server", "PostgresServer"), _postgres_url, _RESTART,
+                forgets=["restart", "proxy:reset"],
+                forgets_why="a dropped connection frees the advisory lock at once; the holder hears at "
+                            "its next renewal",
+                kill=_connection_bound, connection_per_hold=True, weight=25),
+    BackendSpec("mysql", "mysql", _server("mysql_server", "MariaDBServer"), _mysql_url, _RESTART,
+                forgets=["restart", "proxy:reset"],
+                forgets_why="a dropped connection frees the GET_LOCK lock at once; the holder hears at "
+                            "its next renewal",
+                kill=_connection_bound, connection_per_hold=True),
+    BackendSpec("memcached", "memcached", _server("mc_server", "MemcachedServer"),
+                _at("memcached://127.0.0.1:{port}"), _RESTART, forgets=["restart"],
+                forgets_why="restart: every lock is gone (no persistence); the holder hears at its "
+                            "next renewal",
+                kill=_memcached_bound, weight=24),
+    BackendSpec("zookeeper-3", "zookeeper", _zk_ensemble,
+                lambda server, _ports: str(server.url("/aiolock-faults")), _ENSEMBLE,
+                options={"session_timeout": 4.0}, kill=_session_bound(4.0), proxied=False,
+                holds_at_once=1000, weight=27),
+    BackendSpec("redlock", "redlock", lambda: RedlockServers(3), _redlock_url,
+                {**_PROXY, "restart": actions.restart_node},
+                ports=lambda server: [node.port for node in server.nodes], weight=22,
+                not_injected="restart of a majority of the nodes without AOF: the backend documents "
+                             "that tokens may then repeat (as redis without AOF)"),
+    BackendSpec("redis-cluster", "redis-cluster", lambda: AofClusterServers(masters=3), _own_url(),
+                {**_WORKER, "restart": actions.restart_slot_owner}, proxied=False, burst=50, weight=25,
+                not_injected="proxy: cluster clients follow the node addresses the cluster announces "
+                             "(CLUSTER SLOTS / MOVED), which bypass a proxy"),
+    BackendSpec("redis-sentinel", "redis", _sentinel_setup, _own_url(), _SENTINEL,
+                forgets=["failover", "killmaster"], proxied=False, options=_SENTINEL_POOL, burst=50,
+                forgets_why="failover without wait_replicas: the promoted replica may miss the latest "
+                            "grants and token increments (asynchronous replication)",
+                not_injected=_SENTINEL_NO_PROXY, weight=47),
+    # etcd answers a keep-alive only once it applied the writes before it: a storm of
+    # thousands of acquisitions (two writes each) delays the first leases' renewals past
+    # a 2 s ttl (6,000 at once lapsed on this 2-core box; 3,000 did not)
+    BackendSpec("etcd", "etcd", _server("etcd_server", "EtcdServer"),
+                _at("etcd://127.0.0.1:{port}?prefix=aiolock-faults"), _RESTART, kill=_etcd_bound,
+                holds_at_once=1000),
+    BackendSpec("etcd-3", "etcd", _server("etcd_server", "EtcdCluster", 3),
+                _own_url("?prefix=aiolock-faults"), _ENSEMBLE, kill=_etcd_bound, proxied=False,
+                holds_at_once=1000),
+    BackendSpec("redis-sentinel-wait", "redis", _sentinel_setup, _own_url(), _SENTINEL, proxied=False,
+                options={**_SENTINEL_POOL, "wait_replicas": 1}, burst=50,
+                not_injected=_SENTINEL_NO_PROXY, weight=47),
+]}

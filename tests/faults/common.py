@@ -12,15 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import secrets
 import socket
 import struct
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiolock
 
-__all__ = ["CheckerClient", "echo", "expire_zk_session", "mono", "percentile"]
+__all__ = ["ECHOES", "CheckerClient", "echo", "expire_zk_session", "mono", "pause", "percentile"]
 
 mono = time.monotonic
 
@@ -92,90 +94,127 @@ class CheckerClient:
 # -- nonce echo: one round trip through the backend's own connection -----------------------
 
 
+def _same(got: Any, nonce: str) -> bool:
+    return bool(got == nonce.encode() or got == nonce)
+
+
+async def _echo_redis(backend: Any, nonce: str) -> bool:
+    return _same(await backend._call("ECHO", nonce), nonce)
+
+
+async def _echo_cluster(backend: Any, nonce: str) -> bool:
+    # ECHO has no key to route by: a script with a key, on the master of its slot
+    slot_key = f"aiolock-faults:echo:{nonce}"
+    return _same(await backend._call("EVAL", "return ARGV[1]", 1, slot_key, nonce), nonce)
+
+
+async def _echo_redlock(backend: Any, nonce: str) -> bool:
+    # every node's connection: a wrong reply on any is a desync; nodes cut off by a
+    # fault are left out (an error only if no node answered)
+    answered, last = 0, None
+    for node in backend.nodes:
+        try:
+            async with asyncio.timeout(2):
+                got = await node._call("ECHO", nonce)
+        except Exception as exc:
+            last = exc
+            continue
+        answered += 1
+        if not _same(got, nonce):
+            return False
+    if not answered:
+        raise last or ConnectionError("no node answered")
+    return True
+
+
+async def _echo_memcached(backend: Any, nonce: str) -> bool:
+    key = f"aiolock-faults:echo:{nonce}".encode()
+    value = nonce.encode()
+    stored, read = await backend._client.request(
+        b"ms " + key + b" %d T30 O" % len(value) + value + b"\r\n" + value + b"\r\n",
+        b"mg " + key + b" v O" + value + b"\r\n",
+    )
+    return bool(stored.code == b"HD" and stored.flags.get("O") == nonce
+                and read.value == value and read.flags.get("O") == nonce)
+
+
+async def _pooled(backend: Any, query: Callable[[Any], Awaitable[Any]]) -> Any:
+    """``query(conn)`` on a connection of the SQL backend's pool (dropped on error)."""
+    conn = await backend._pool.get()
+    try:
+        async with asyncio.timeout(5):
+            got = await query(conn)
+    except BaseException:
+        backend._pool.discard(conn)
+        raise
+    backend._pool.put(conn)
+    return got
+
+
+async def _echo_mysql(backend: Any, nonce: str) -> bool:
+    async def query(conn: Any) -> Any:
+        async with conn.cursor() as cur:
+            await cur.execute("SELECT %s", (nonce,))
+            return (await cur.fetchone())[0]
+
+    return bool(await _pooled(backend, query) == nonce)
+
+
+async def _echo_postgres(backend: Any, nonce: str) -> bool:
+    return bool(await _pooled(backend, lambda conn: conn.fetchval("SELECT $1::text", nonce)) == nonce)
+
+
+async def _echo_zookeeper(backend: Any, nonce: str) -> bool:
+    from aiozk import protocol as zkproto
+
+    path = f"{backend._chroot.rstrip('/')}/echo-{nonce}"
+    async with backend._bounded("echo"):
+        req = zkproto.CreateRequest(path=path, data=nonce.encode(), acl=[zkproto.UNRESTRICTED_ACCESS])
+        req.set_flags(ephemeral=True)
+        created = await backend._send(req)
+        got = await backend._send(zkproto.GetDataRequest(path=path, watch=False))
+        await backend._send(zkproto.DeleteRequest(path=path, version=-1))
+    return bool(str(created.path) == path and got.data == nonce.encode())
+
+
+async def _echo_etcd(backend: Any, nonce: str) -> bool:
+    from aiolock.backends.etcd._wire import pb
+
+    key = f"{backend._prefix}/echo/{nonce}".encode()
+    txn = pb.TxnRequest(success=[pb.RequestOp(request_put=pb.PutRequest(key=key, value=nonce.encode())),
+                                 pb.RequestOp(request_range=pb.RangeRequest(key=key))])
+    async with backend._bounded("echo"):
+        reply = await backend._unary("KV", "Txn", txn, "echo")
+        await backend._unary("KV", "DeleteRange", pb.DeleteRangeRequest(key=key), "echo")
+    kvs = reply.responses[1].response_range.kvs
+    return bool(len(kvs) == 1 and kvs[0].value == nonce.encode())
+
+
+#: BackendSpec.echo -> how to send a nonce through that backend's own connection
+ECHOES: dict[str, Callable[[Any, str], Awaitable[bool]]] = {
+    "redis": _echo_redis, "redis-cluster": _echo_cluster, "redlock": _echo_redlock,
+    "memcached": _echo_memcached, "mysql": _echo_mysql, "postgres": _echo_postgres,
+    "zookeeper": _echo_zookeeper, "etcd": _echo_etcd,
+}
+
+
 async def echo(locks: aiolock.Locks, kind: str) -> bool:
     """Send a fresh nonce through ``locks``' backend connection and check the reply is
     ours. False means a desync (a reply meant for another caller); errors propagate."""
-    nonce = secrets.token_hex(8)
-    backend: Any = locks.backend
-    if kind == "redis-cluster":
-        # ECHO has no key to route by: a script with a key, on the master of its slot
-        slot_key = f"aiolock-faults:echo:{nonce}"
-        got = await backend._call("EVAL", "return ARGV[1]", 1, slot_key, nonce)
-        return bool(got == nonce.encode() or got == nonce)
-    if kind in ("redis", "redis-aof"):
-        got = await backend._call("ECHO", nonce)
-        return bool(got == nonce.encode() or got == nonce)
-    if kind == "redlock":
-        # every node's connection: a wrong reply on any is a desync; nodes cut off by a
-        # fault are left out (an error only if no node answered)
-        answered, last = 0, None
-        for node in backend.nodes:
-            try:
-                async with asyncio.timeout(2):
-                    got = await node._call("ECHO", nonce)
-            except Exception as exc:
-                last = exc
-                continue
-            answered += 1
-            if not (got == nonce.encode() or got == nonce):
-                return False
-        if not answered:
-            raise last or ConnectionError("no node answered")
-        return True
-    if kind == "memcached":
-        key = f"aiolock-faults:echo:{nonce}".encode()
-        value = nonce.encode()
-        replies = await backend._client.request(
-            b"ms " + key + b" %d T30 O" % len(value) + value + b"\r\n" + value + b"\r\n",
-            b"mg " + key + b" v O" + value + b"\r\n",
-        )
-        stored, read = replies
-        return bool(stored.code == b"HD" and stored.flags.get("O") == nonce
-                    and read.value == value and read.flags.get("O") == nonce)
-    if kind == "mysql":
-        conn = await backend._pool.get()
-        try:
-            async with asyncio.timeout(5), conn.cursor() as cur:
-                await cur.execute("SELECT %s", (nonce,))
-                row = await cur.fetchone()
-        except BaseException:
-            backend._pool.discard(conn)
-            raise
-        backend._pool.put(conn)
-        return bool(row[0] == nonce)
-    if kind == "postgres":
-        conn = await backend._pool.get()
-        try:
-            async with asyncio.timeout(5):
-                got = await conn.fetchval("SELECT $1::text", nonce)
-        except BaseException:
-            backend._pool.discard(conn)
-            raise
-        backend._pool.put(conn)
-        return bool(got == nonce)
-    if kind.startswith("zookeeper"):
-        from aiozk import protocol as zkproto
+    if kind not in ECHOES:
+        raise ValueError(f"no echo for backend {kind!r}")
+    return await ECHOES[kind](locks.backend, secrets.token_hex(8))
 
-        path = f"{backend._chroot.rstrip('/')}/echo-{nonce}"
-        async with backend._bounded("echo"):
-            req = zkproto.CreateRequest(path=path, data=nonce.encode(), acl=[zkproto.UNRESTRICTED_ACCESS])
-            req.set_flags(ephemeral=True)
-            created = await backend._send(req)
-            got = await backend._send(zkproto.GetDataRequest(path=path, watch=False))
-            await backend._send(zkproto.DeleteRequest(path=path, version=-1))
-        return bool(str(created.path) == path and got.data == nonce.encode())
-    if kind == "etcd":
-        from aiolock.backends.etcd._wire import pb
 
-        key = f"{backend._prefix}/echo/{nonce}".encode()
-        txn = pb.TxnRequest(success=[pb.RequestOp(request_put=pb.PutRequest(key=key, value=nonce.encode())),
-                                     pb.RequestOp(request_range=pb.RangeRequest(key=key))])
-        async with backend._bounded("echo"):
-            reply = await backend._unary("KV", "Txn", txn, "echo")
-            await backend._unary("KV", "DeleteRange", pb.DeleteRangeRequest(key=key), "echo")
-        kvs = reply.responses[1].response_range.kvs
-        return bool(len(kvs) == 1 and kvs[0].value == nonce.encode())
-    raise ValueError(f"no echo for backend {kind!r}")
+async def pause(rng: random.Random, rtt: float, min_steps: int = 0) -> None:
+    """A random delay in [0, 2 x RTT]; below a millisecond as event-loop steps (at least
+    ``min_steps``: a task cancelled before it ever ran did not call anything)."""
+    delay = rng.uniform(0, 2 * rtt)
+    if delay < 0.001:
+        for _ in range(max(min_steps, round(delay / max(rtt, 1e-6) * 4))):
+            await asyncio.sleep(0)
+    else:
+        await asyncio.sleep(delay)
 
 
 # -- ZooKeeper: expire a session from the server side --------------------------------------

@@ -21,12 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiolock
-
 from .analysis import Figure, analyze
 from .backends import BACKENDS, BackendSpec, ensemble_class
 from .common import CheckerClient, mono
 from .proxy import Proxies
+from .records import Event, Record, parse
 
 __all__ = ["Config", "Result", "run"]
 
@@ -68,19 +67,15 @@ class Config:
                    max_seconds=7200.0, gap=2.0, cancels=10_000, holds=10_000, hold_ttl=2.0,
                    timeouts=300, stall_rounds=10, parallel=1)
 
-    def holds_for(self, key: str) -> tuple[int, int]:
-        """(total holds, held at once) for ``key``: PostgreSQL keeps one server connection
-        per held lease (the test server allows 200), ZooKeeper writes each renewal."""
-        if key in ("postgres", "mysql"):
-            return min(self.holds, 1000 if self.mode == "long" else 50), 100
-        if key.startswith("zookeeper"):
-            return self.holds, 1000
-        if key.startswith("etcd"):
-            # etcd answers a keep-alive only once it applied the writes before it: a storm
-            # of thousands of acquisitions (two writes each) delays the first leases'
-            # renewals past a 2 s ttl (6,000 at once lapsed on this 2-core box; 3,000 did not)
-            return self.holds, 1000
-        return self.holds, self.holds
+    def holds_for(self, spec: BackendSpec) -> tuple[int, int]:
+        """(total holds, held at once) in the fault-free probe of ``spec``: a backend
+        holding one server connection per lease gets fewer (the test servers allow 200)."""
+        total = self.holds
+        if spec.connection_per_hold:
+            total, at_once = min(total, 1000 if self.mode == "long" else 50), 100
+        else:
+            at_once = spec.holds_at_once or total
+        return total, at_once
 
 
 @dataclass
@@ -98,7 +93,7 @@ class Result:
 
 
 @dataclass
-class _Worker:
+class Worker:
     proc: asyncio.subprocess.Process
     proxy: Proxies | None
     index: int
@@ -118,13 +113,12 @@ class BackendRun:
         self.checker: asyncio.subprocess.Process | None = None
         self.ctl: CheckerClient | None = None
         self.sock = str(tmp / "checker.sock")
-        self.workers: list[_Worker] = []
-        self.events: list[dict[str, Any]] = []
+        self.workers: list[Worker] = []
+        self.events: list[Event] = []
         self.spawned = 0
         self.names = [f"{spec.key}-lock{i}" for i in range(cfg.locks)]
-        #: redis-cluster: each lock's slot, and its master at the start
-        self.slots: dict[str, int] = {}
-        self._owner: dict[str, int] = {}
+        #: redis-cluster: each lock's master port (see actions.restart_slot_owner)
+        self.owners: dict[str, int] = {}
 
     # -- processes ---------------------------------------------------------------------------
 
@@ -138,10 +132,10 @@ class BackendRun:
         self.ctl = await CheckerClient(self.sock).open()
 
     def direct_url(self) -> str:
-        return self.spec.url(self.server)
+        return self.spec.url(self.server, None)
 
-    async def spawn_worker(self, index: int, proxy: Proxies | None) -> _Worker:
-        if proxy is None and self.spec.proxied and self.spec.key != "zookeeper-3":
+    async def spawn_worker(self, index: int, proxy: Proxies | None) -> Worker:
+        if proxy is None and self.spec.proxied:
             proxy = await Proxies(self.spec.ports(self.server)).start()
         url = self.spec.url(self.server, proxy.ports if proxy else None)
         self.spawned += 1
@@ -161,14 +155,14 @@ class BackendRun:
         line = await asyncio.wait_for(proc.stdout.readline(), 60)
         if not line.startswith(b"READY"):
             raise RuntimeError(f"worker did not start: {line!r}; see {self.tmp}")
-        return _Worker(proc, proxy, index)
+        return Worker(proc, proxy, index)
 
-    def alive(self) -> list[_Worker]:
+    def alive(self) -> list[Worker]:
         return [w for w in self.workers if w.proc.returncode is None]
 
     # -- faults -----------------------------------------------------------------------------
 
-    async def pick(self) -> tuple[_Worker, list[list[Any]]]:
+    async def pick(self) -> tuple[Worker, list[list[Any]]]:
         """A worker that holds a lock now (as the checker heard), and what it holds."""
         assert self.ctl is not None
         deadline = mono() + 2.0
@@ -187,7 +181,7 @@ class BackendRun:
 
     def event(self, kind: str, t0: float, t1: float, pid: int = 0,
               holdings: list[list[Any]] | None = None, **more: Any) -> None:
-        self.events.append(dict(kind=kind, t0=t0, t1=t1, pid=pid, holdings=holdings or [], **more))
+        self.events.append(Event(kind, t0, t1, pid, holdings or [], more))
 
     async def respawn_dead(self) -> None:
         """A worker that exited on its own (an exception escaped the library) is recorded
@@ -210,124 +204,13 @@ class BackendRun:
             await self.respawn_dead()  # the target exited meanwhile: no fault this time
 
     async def _inject(self, kind: str) -> None:
-        ttl = self.cfg.ttl
         w, holdings = await self.pick()
-        pid = w.proc.pid
-        t0 = mono()
-        if kind == "stop":
-            how = "random"
-            if self.rng.random() < 0.5:
-                # the worker stops itself between a lease check and its write
-                assert w.proc.stdin is not None
-                w.proc.stdin.write(b"STOP-IN-GAP\n")
-                how = "in-gap"
-                while mono() - t0 < 1.5 and not _stopped(pid):
-                    await asyncio.sleep(0.002)
-            if not _stopped(pid):
-                os.kill(pid, signal.SIGSTOP)
-                how = "random"
-            t0 = mono()
-            await asyncio.sleep(1.5 * ttl)
-            os.kill(pid, signal.SIGCONT)
-            self.event(kind, t0, mono(), pid, holdings, how=how)
-        elif kind == "kill":
-            os.kill(pid, signal.SIGKILL)
-            self.event(kind, t0, t0, pid, holdings)
-            await w.proc.wait()
-            w.replaced = True
-            self.workers.append(await self.spawn_worker(w.index, w.proxy))
-            bound, _ = self.spec.kill_bound(ttl)
-            await asyncio.sleep(max(0.0, t0 + bound + 0.3 - mono()))
-        elif kind == "restart" and self.spec.key == "redlock":
-            # one node of three (a minority): kill -9 and start again, empty (no AOF);
-            # a "delayed restart" (docs/redlock.md): down for the TTL, so that the leases
-            # it held have expired before it rejoins empty
-            index = self.rng.randrange(len(self.server.nodes))
-            await asyncio.to_thread(self.server.nodes[index].restart, down_for=ttl)
-            self.event(kind, t0, mono(), pid, holdings, index=index)
-            await asyncio.sleep(ttl)
-        elif kind == "restart" and self.spec.key == "redis-cluster":
-            # the master of a held lock's slot (no replicas: its slots are down meanwhile)
-            names = [lock for lock, _tok in holdings] or self.names
-            port = await asyncio.to_thread(self.server.owner_of, self.slots[self.rng.choice(names)])
-            node = next(n for n in self.server.nodes if n.port == port)
-            await asyncio.to_thread(node.restart)
-            await asyncio.to_thread(self.server.wait_ok)
-            self.event(kind, t0, mono(), pid, holdings, port=port,
-                       slots=[lock for lock in self.names if self._owner.get(lock) == port])
-            await asyncio.sleep(ttl)
-        elif kind == "restart":
-            await asyncio.to_thread(self.server.restart)
-            self.event(kind, t0, mono())
-            await asyncio.sleep(ttl)
-        elif kind in ("failover", "killmaster"):
-            old, new = await asyncio.to_thread(
-                self.server.failover if kind == "failover" else self.server.kill_master)
-            self.event(kind, t0, mono(), pid, holdings, old=old, new=new)
-            await asyncio.sleep(ttl)
-        elif kind == "expire":
-            assert w.proc.stdin is not None
-            w.proc.stdin.write(b"EXPIRE\n")
-            await asyncio.sleep(2.0)
-            self.event(kind, t0, mono(), pid, holdings)
-            await asyncio.sleep(ttl)
-        elif kind == "stall":
-            assert w.proc.stdin is not None
-            w.proc.stdin.write(f"STALL {1.5 * ttl}\n".encode())
-            await asyncio.sleep(1.5 * ttl + 0.3)
-            self.event(kind, t0, mono(), pid, holdings)
-        elif kind == "leader":
-            index = await asyncio.to_thread(self.server.leader_index)
-            await asyncio.to_thread(self.server.kill, index)
-            await asyncio.sleep(2 * ttl)
-            await asyncio.to_thread(self.server.restart, index)
-            self.event(kind, t0, mono(), index=index)
-            await asyncio.sleep(ttl)
-        elif kind == "proxy":
-            proxy = w.proxy
-            assert proxy is not None
-            mode = self.rng.choice(["blackhole", "drop-up", "drop-down", "delay", "reset"])
-            # several nodes (redlock): the fault hits all of them (the holder is cut off)
-            # or one (a minority of the nodes is cut off from the holder)
-            which: list[int] | None = None
-            if len(proxy.proxies) > 1 and self.rng.random() < 0.5:
-                which = [self.rng.randrange(len(proxy.proxies))]
-            if mode == "reset":
-                proxy.reset(which)
-            elif mode == "delay":
-                proxy.set_faults(delay=self.rng.uniform(0.05, 0.3), which=which)
-                await asyncio.sleep(2 * ttl)
-            else:
-                proxy.set_faults(up=mode in ("blackhole", "drop-up"), down=mode in ("blackhole", "drop-down"),
-                                 which=which)
-                await asyncio.sleep(1.5 * ttl)
-                if self.rng.random() < 0.5:
-                    proxy.reset(which)
-                    mode += "+reset"
-            proxy.heal()
-            self.event(f"proxy:{mode}", t0, mono(), pid, holdings, nodes=which)
-            await asyncio.sleep(0.3)
-        else:
-            raise ValueError(kind)
+        await self.spec.faults[kind](self, w, holdings)
 
     # -- phases -------------------------------------------------------------------------------
 
-    async def cluster_slots(self) -> None:
-        from aiolock.backends.redis_cluster import RedisClusterBackend
-
-        backend = RedisClusterBackend.from_url(self.direct_url())
-        try:
-            self.slots = {name: backend.slot(name) for name in self.names}
-        finally:
-            with contextlib.suppress(Exception):
-                await backend.aclose()
-        for name, slot in self.slots.items():
-            self._owner[name] = await asyncio.to_thread(self.server.owner_of, slot)
-
     async def workload(self) -> None:
         cfg = self.cfg
-        if self.spec.key == "redis-cluster":
-            await self.cluster_slots()
         self.workers = [await self.spawn_worker(i, None) for i in range(cfg.procs)]
         started = mono()
         assert self.ctl is not None
@@ -349,7 +232,7 @@ class BackendRun:
                              f"{mono() - started:.0f}s")
                     next_report = mono() + 60
                 await asyncio.sleep(cfg.gap * self.rng.uniform(0.5, 1.5))
-                await self.inject(self.rng.choice(self.spec.faults))
+                await self.inject(self.rng.choice(list(self.spec.faults)))
         await self.stop_workers()
 
     async def stop_workers(self) -> None:
@@ -372,7 +255,7 @@ class BackendRun:
 
     async def probes(self) -> tuple[dict[str, Any], dict[str, Any]]:
         cfg = self.cfg
-        total, at_once = cfg.holds_for(self.spec.key)
+        total, at_once = cfg.holds_for(self.spec)
         common = ["--url", self.direct_url(), "--kind", self.spec.echo, "--seed", str(cfg.seed)]
         options = json.dumps(self.spec.options)
         # a ZooKeeper lease is believed for at most the session timeout (keep ttl below 2.4x)
@@ -381,15 +264,12 @@ class BackendRun:
                              "--lock-ttl", str(lock_ttl), "--cancels", str(cfg.cancels),
                              "--timeouts", str(cfg.timeouts), "--stall-rounds", str(cfg.stall_rounds)])
         hold_options = dict(self.spec.options)
-        if self.spec.key in ("postgres", "mysql"):
-            hold_options["max_connections"] = at_once + 20  # one connection per held lease
+        if self.spec.connection_per_hold:
+            hold_options["max_connections"] = at_once + 20
         holds = self._probe(["holds", *common, "--options", json.dumps(hold_options),
                              "--ttl", str(cfg.hold_ttl), "--count", str(total),
                              "--concurrency", str(at_once), "--prefix", "holds",
-                             # redis+sentinel / redis+cluster: redis-py pools, one connection
-                             # per request in flight, limited and not waiting: 50 at once
-                             "--burst", "50" if self.spec.key.startswith(("redis-sentinel", "redis-cluster"))
-                             else "500"])
+                             "--burst", str(self.spec.burst)])
         a, b = await asyncio.gather(probe, holds)
         return a, b
 
@@ -407,31 +287,8 @@ class BackendRun:
                 return result
         raise RuntimeError(f"probe {args[0]} failed: {err.read_text()[-2000:]}")
 
-    async def restart_no_aof(self) -> dict[str, Any]:
-        """Redis without AOF: restart under a held lease; the token counter goes back."""
-        ttl = self.cfg.ttl
-        async with aiolock.connect(self.direct_url()) as locks:
-            name = "no-aof"
-            for _ in range(5):
-                await (await locks.lock(name, ttl=ttl).acquire(timeout=2)).release()
-            lease = await locks.lock(name, ttl=ttl).acquire(timeout=2)
-            before = lease.token
-            t0 = mono()
-            await asyncio.to_thread(self.server.restart)
-            while not lease.lost and mono() - t0 < ttl + 2:
-                await asyncio.sleep(0.01)
-            noticed = mono() - t0
-            again = await locks.lock(name, ttl=ttl).acquire(timeout=5)
-            after = again.token
-            await again.release()
-        went_back = after <= before
-        text = (f"n/a: no AOF, token {before}->{after}" if went_back
-                else f"token {before}->{after}")
-        return dict(key="restart_no_aof", value=after, text=text, status="n/a" if went_back else "ok",
-                    before=before, after=after, lost_noticed=noticed)
-
     def _start_server(self) -> Any:
-        server = self.spec.make_server()
+        server = self.spec.server()
         server.start()
         return server
 
@@ -453,10 +310,10 @@ class BackendRun:
             # of the backends still in their workload (a stall here stalls their traffic)
             records = await asyncio.to_thread(_load, Path(path))
             probe, holds = await self.probes()
-            extra = await self.restart_no_aof() if self.spec.extra == "restart-no-aof" else {}
+            extra = await self.spec.extra(self) if self.spec.extra is not None else {}
             result.figures = await asyncio.to_thread(
                 analyze, self.spec, self.cfg.ttl, records, self.events, probe, holds, extra)
-            (self.tmp / "events.json").write_text(json.dumps(self.events))
+            (self.tmp / "events.json").write_text(json.dumps([ev.json() for ev in self.events]))
             (self.tmp / "probe.json").write_text(json.dumps([probe, holds]))
         except Exception as exc:
             log.exception("backend %s failed", self.spec.key)
@@ -487,17 +344,8 @@ class BackendRun:
             await asyncio.to_thread(self.server.close)
 
 
-def _load(path: Path) -> list[list[Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def _stopped(pid: int) -> bool:
-    """Is ``pid`` in the stopped state (``T`` in /proc/pid/stat)?"""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rpartition(")")[2].split()[0] in ("T", "t")
-    except OSError:
-        return False
+def _load(path: Path) -> list[Record]:
+    return [parse(json.loads(line)) for line in path.read_text().splitlines()]
 
 
 async def run(cfg: Config, say: Any = print, keep: bool = False) -> list[Result]:
@@ -524,12 +372,6 @@ async def run(cfg: Config, say: Any = print, keep: bool = False) -> list[Result]
 
     # the longest first (they start in this order, ``cfg.parallel`` at a time); the
     # results come back in the order of ``cfg.backends``
-    order = sorted(cfg.backends, key=lambda k: -START_WEIGHT.get(k, 0))
+    order = sorted(cfg.backends, key=lambda k: -BACKENDS[k].weight)
     done = dict(zip(order, await asyncio.gather(*(one(key) for key in order)), strict=True))
     return [done[key] for key in cfg.backends]
-
-
-#: how long a backend takes in quick mode, roughly (s): the start order
-START_WEIGHT = {"redis-sentinel": 47, "redis-sentinel-wait": 47, "zookeeper": 28, "zookeeper-3": 27,
-                "postgres": 25, "redis-cluster": 25, "memcached": 24, "redis": 22, "redlock": 22,
-                "redis-aof": 21}

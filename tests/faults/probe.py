@@ -32,24 +32,13 @@ from typing import Any
 
 import aiolock
 
-from .common import echo, mono
+from .common import echo, mono, pause
 
 
 async def connect(args: argparse.Namespace) -> aiolock.Locks:
     locks = aiolock.connect(args.url, **json.loads(args.options))
     await locks.__aenter__()
     return locks
-
-
-async def pause(rng: random.Random, rtt: float, min_steps: int = 0) -> None:
-    """A random delay in [0, 2 x RTT]; below a millisecond as event-loop steps (at least
-    ``min_steps``: a task cancelled before it ever ran did not call anything)."""
-    delay = rng.uniform(0, 2 * rtt)
-    if delay < 0.001:
-        for _ in range(max(min_steps, round(delay / max(rtt, 1e-6) * 4))):
-            await asyncio.sleep(0)
-    else:
-        await asyncio.sleep(delay)
 
 
 async def storm(args: argparse.Namespace, locks: aiolock.Locks, fresh: aiolock.Locks,

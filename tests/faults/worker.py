@@ -44,7 +44,7 @@ from typing import Any
 
 import aiolock
 
-from .common import CheckerClient, echo, expire_zk_session, mono
+from .common import CheckerClient, echo, expire_zk_session, mono, pause
 
 
 class Worker:
@@ -232,14 +232,7 @@ class Worker:
                 chk.report("E", name, got.token, self.pid, t_exit or mono(), mono(), how)
 
     async def pause(self, min_steps: int = 0) -> None:
-        """A random delay in [0, 2 x RTT]; below a millisecond as event-loop steps (at
-        least ``min_steps``: a task cancelled before it ever ran did not call anything)."""
-        delay = self.rng.uniform(0, 2 * self.rtt)
-        if delay < 0.001:
-            for _ in range(max(min_steps, round(delay / max(self.rtt, 1e-6) * 4))):
-                await asyncio.sleep(0)
-        else:
-            await asyncio.sleep(delay)
+        await pause(self.rng, self.rtt, min_steps)
 
     async def check_echo(self, what: str, chk: CheckerClient) -> None:
         assert self.locks is not None
