@@ -66,3 +66,17 @@ def test_token_restart_after_a_sentinel_failover_is_na_long_after_the_window() -
     assert figures("redis", log, [failover._replace(kind="restart")])["superseded"].status == "FAIL"
     # and on Sentinel with no failover between the two grants: a failure too
     assert figures("redis-sentinel", log)["superseded"].status == "FAIL"
+
+
+def test_overlapping_terms_fail_and_a_clean_handoff_does_not() -> None:
+    # pid 10 checks it still leads at t=2.5, after pid 11 was granted the next term at 2.0
+    log = [grant("el", 1, 10, 1.0), write("el", 1, 10, 1.5, True),
+           grant("el", 2, 11, 2.0), write("el", 2, 11, 2.1, True, 1, 1), write("el", 1, 10, 2.5, False)]
+    figs = figures("postgres", log)
+    assert figs["overlaps"].status == "FAIL" and figs["overlaps"].value == 1
+    assert abs(figs["overlaps"].detail["worst"] - 0.5) < 1e-9
+    assert figures("postgres", log[:-1])["overlaps"].value == 0
+    # inside a fault the backend documents (a dropped connection frees at once): n/a
+    restart = Event("restart", 1.9, 2.0, 0, [], {})
+    figs = figures("postgres", log, [restart])
+    assert figs["overlaps"].status == "ok" and figs["overlaps"].detail["n_a"] == 1

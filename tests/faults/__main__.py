@@ -1,4 +1,4 @@
-"""``python -m tests.faults [--quick | --long] [--backends a,b] [--seed N] [--json PATH]``.
+"""``python -m tests.faults [--quick | --long] [--election] [--backends a,b] [--seed N] [--json PATH]``.
 
 Prints the table of safety and liveness figures per backend; exits 1 if a safety figure
 is not 0 or a liveness bound is missed (2 if a backend could not run).
@@ -28,6 +28,8 @@ def main() -> int:
     group.add_argument("--long", action="store_true", help=">= 100,000 fenced acquisitions per backend")
     parser.add_argument("--backends", default=",".join(DEFAULT),
                         help=f"comma-separated, from: {', '.join(BACKENDS)}")
+    parser.add_argument("--election", action="store_true",
+                        help="leaders campaign and do fenced writes (backends declaring election)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--target", type=int, help="fenced writes per backend before the workload "
                         "stops (long mode; default 100,000)")
@@ -47,6 +49,7 @@ def main() -> int:
         cfg.max_seconds = args.max_seconds
     if args.parallel is not None:
         cfg.parallel = args.parallel
+    cfg.election = args.election
     logging.basicConfig(level=logging.ERROR)
     started = time.monotonic()
     results = asyncio.run(run(cfg, say=lambda s: print(s, file=sys.stderr, flush=True), keep=args.keep))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import collections
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,31 @@ def _grant_index(recs: list[Acquired]) -> tuple[list[float], list[int]]:
         top = max(top, r.token)
         prefix.append(top)
     return [r.t_acq for r in recs], prefix
+
+
+def _overlaps(acq: dict[str, list[Acquired]], accesses: list[Access],
+              explained: Callable[[float], bool]) -> tuple[int, int, float]:
+    """Holds (election terms) of one name that overlap on the monotonic clock, each from
+    its grant to its holder's last check that it still held (before a fenced access):
+    (pairs, pairs explained by a forgetting fault, the longest overlap in seconds)."""
+    last: dict[tuple[str, int, int], float] = {}
+    for rec in accesses:
+        key = (rec.lock, rec.token, rec.pid)
+        last[key] = max(last.get(key, rec.t_check), rec.t_check)
+    bad = n_a = 0
+    worst = 0.0
+    for lock, recs in acq.items():
+        terms = sorted((r.t_acq, last.get((lock, r.token, r.pid), r.t_acq)) for r in recs)
+        for i, (_start, end) in enumerate(terms):
+            for later, _end in terms[i + 1:]:
+                if later >= end:
+                    break
+                if explained(later):
+                    n_a += 1
+                else:
+                    bad += 1
+                    worst = max(worst, end - later)
+    return bad, n_a, worst
 
 
 def analyze(spec: BackendSpec, ttl: float, log: list[Record], events: list[Event],
@@ -174,6 +200,12 @@ def analyze(spec: BackendSpec, ttl: float, log: list[Record], events: list[Event
                         "why": spec.forgets_why if superseded_na + dups_na + regress_na + lost_na else "",
                         "examples": examples}))
 
+    overlaps, overlaps_na, worst_overlap = _overlaps(acq, accesses, explained)
+    text = str(overlaps) + (f" (+{overlaps_na} n/a)" if overlaps_na else "")
+    figs.append(Figure("overlaps", overlaps, text, "ok" if overlaps == 0 else "FAIL",
+                       {"n_a": overlaps_na, "worst": worst_overlap,
+                        "terms": sum(len(recs) for recs in acq.values())}))
+
     after_resume = 0
     for ev in events:
         if ev.kind != "stop":
@@ -186,13 +218,14 @@ def analyze(spec: BackendSpec, ttl: float, log: list[Record], events: list[Event
     figs.append(Figure("after_resume", after_resume, str(after_resume),
                        "ok" if after_resume == 0 else "FAIL"))
 
-    leaked = probe.get("leaked")
-    text = f"{leaked} / {probe.get('attempts', 0)}" if leaked is not None else "-"
-    figs.append(Figure("leaked", leaked, text, "ok" if leaked == 0 else "FAIL",
-                       {"examples": probe.get("examples", [])}))
-    hno = probe.get("held_not_owned")
-    figs.append(Figure("held_not_owned", hno, f"{hno} / {probe.get('release_cancelled', 0)}"
-                       if hno is not None else "-", "ok" if hno == 0 else "FAIL"))
+    if probe:  # the fault-free probes ran (not in election mode)
+        leaked = probe.get("leaked")
+        text = f"{leaked} / {probe.get('attempts', 0)}" if leaked is not None else "-"
+        figs.append(Figure("leaked", leaked, text, "ok" if leaked == 0 else "FAIL",
+                           {"examples": probe.get("examples", [])}))
+        hno = probe.get("held_not_owned")
+        figs.append(Figure("held_not_owned", hno, f"{hno} / {probe.get('release_cancelled', 0)}"
+                           if hno is not None else "-", "ok" if hno == 0 else "FAIL"))
     desyncs = echo_desync + int(probe.get("desyncs", 0))
     echoes = echo_n - echo_err + int(probe.get("echoes", 0))
     figs.append(Figure("desyncs", desyncs, f"{desyncs} / {echoes}", "ok" if desyncs == 0 else "FAIL",
@@ -237,23 +270,25 @@ def analyze(spec: BackendSpec, ttl: float, log: list[Record], events: list[Event
     p50, p99 = percentile(handoffs, 0.5), percentile(handoffs, 0.99)
     figs.append(Figure("handoff_p99", p99, f"{_fmt_s(p50)} / {_fmt_s(p99)}", "ok", {"n": len(handoffs)}))
 
-    lapses = holds.get("lapses")
-    figs.append(Figure("lapses", lapses, f"{lapses} / {holds.get('holds', 0)}" if lapses is not None else "-",
-                       "ok" if lapses == 0 else "FAIL", {"hold_ttl": holds.get("hold_ttl")}))
+    if holds:
+        lapses = holds.get("lapses")
+        figs.append(Figure("lapses", lapses, f"{lapses} / {holds.get('holds', 0)}" if lapses is not None
+                           else "-", "ok" if lapses == 0 else "FAIL", {"hold_ttl": holds.get("hold_ttl")}))
 
     exp = stall_expired + int(probe.get("stall_expired", 0))
     det = stall_detected + int(probe.get("stall_detected", 0))
     bodies, bodies_lost = int(probe.get("stall_bodies", 0)), int(probe.get("stall_bodies_lost", 0))
-    ok = det == exp and bodies_lost == bodies and exp > 0
+    ok = det == exp and bodies_lost == bodies and (exp > 0 or not probe)
     figs.append(Figure("stalls", det, f"{det} / {exp}", "ok" if ok else "FAIL",
                        {"bodies": bodies, "bodies_lost": bodies_lost, "in_workload": stall_expired}))
 
-    over = probe.get("overshoot_max")
-    early = probe.get("overshoot_min", 0.0) < -0.001
-    unexpected = int(probe.get("timeout_unexpected", 0))
-    ok = over is not None and over <= 0.05 and not early and unexpected == 0
-    figs.append(Figure("timeouts", over, f"{_fmt_s(over)} (n={probe.get('timeout_probes', 0)})",
-                       "ok" if ok else "FAIL", {"early": early, "unexpected": unexpected}))
+    if probe:
+        over = probe.get("overshoot_max")
+        early = probe.get("overshoot_min", 0.0) < -0.001
+        unexpected = int(probe.get("timeout_unexpected", 0))
+        ok = over is not None and over <= 0.05 and not early and unexpected == 0
+        figs.append(Figure("timeouts", over, f"{_fmt_s(over)} (n={probe.get('timeout_probes', 0)})",
+                           "ok" if ok else "FAIL", {"early": early, "unexpected": unexpected}))
 
     stops = taken = 0
     for ev in events:

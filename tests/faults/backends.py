@@ -14,6 +14,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from aiolock import Capability
+
+from ..scenarios import by_id
 from ..servers import RedisServer, ServerProcess
 from . import actions
 from .actions import Fault
@@ -64,6 +67,13 @@ class BackendSpec:
     burst: int = 500
     #: seconds a quick run takes, roughly: the longest start first
     weight: float = 20.0
+    #: the backend's row in tests/scenarios.py (default: ``key``), for its capabilities
+    row: str = ""
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What the backend class declares (tests/scenarios.py reads it)."""
+        return by_id(self.row or self.key).capabilities
 
     def kill_bound(self, ttl: float) -> tuple[float, str]:
         """The liveness bound for a kill -9ed holder's lock, and its label."""
@@ -305,9 +315,10 @@ BACKENDS: dict[str, BackendSpec] = {spec.key: spec for spec in [
     BackendSpec("redis", "redis", lambda: RedisServer(appendonly=False), _REDIS, _PROXY,
                 extra=actions.restart_no_aof, weight=22,
                 forgets_why="restart without AOF: leases and the token counter are gone"),
-    BackendSpec("redis-aof", "redis", lambda: AofRedisServer("always"), _REDIS, _RESTART, weight=21),
+    BackendSpec("redis-aof", "redis", lambda: AofRedisServer("always"), _REDIS, _RESTART, weight=21,
+                row="redis"),
     BackendSpec("redis-aof-everysec", "redis", lambda: AofRedisServer("everysec"), _REDIS, _RESTART,
-                forgets=["restart"],
+                forgets=["restart"], row="redis",
                 forgets_why="appendfsync everysec: a kill -9 may lose the last acknowledged writes "
                             "(leases and token increments)"),
     BackendSpec("zookeeper", "zookeeper", _server("zk_server", "ZooKeeperServer"),
@@ -334,7 +345,7 @@ BACKENDS: dict[str, BackendSpec] = {spec.key: spec for spec in [
     BackendSpec("zookeeper-3", "zookeeper", _zk_ensemble,
                 lambda server, _ports: str(server.url("/aiolock-faults")), _ENSEMBLE,
                 options={"session_timeout": 4.0}, kill=_session_bound(4.0), proxied=False,
-                holds_at_once=1000, weight=27),
+                holds_at_once=1000, weight=27, row="zookeeper"),
     BackendSpec("redlock", "redlock", lambda: RedlockServers(3), _redlock_url,
                 {**_PROXY, "restart": actions.restart_node},
                 ports=lambda server: [node.port for node in server.nodes], weight=22,
@@ -357,8 +368,8 @@ BACKENDS: dict[str, BackendSpec] = {spec.key: spec for spec in [
                 holds_at_once=1000),
     BackendSpec("etcd-3", "etcd", _server("etcd_server", "EtcdCluster", 3),
                 _own_url("?prefix=aiolock-faults"), _ENSEMBLE, kill=_etcd_bound, proxied=False,
-                holds_at_once=1000),
+                holds_at_once=1000, row="etcd-cluster"),
     BackendSpec("redis-sentinel-wait", "redis", _sentinel_setup, _own_url(), _SENTINEL, proxied=False,
                 options={**_SENTINEL_POOL, "wait_replicas": 1}, burst=50,
-                not_injected=_SENTINEL_NO_PROXY, weight=47),
+                not_injected=_SENTINEL_NO_PROXY, weight=47, row="redis-sentinel"),
 ]}

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiolock import Capability
+
 from .analysis import Figure, analyze
 from .backends import BACKENDS, BackendSpec, ensemble_class
 from .common import CheckerClient, mono
@@ -56,6 +58,10 @@ class Config:
     stall_rounds: int = 1
     #: backends run at once (quick: 3; they mostly wait, the CPU stays idle)
     parallel: int = 3
+    #: election mode: the workers campaign (``election(name).campaign()``) instead of
+    #: locking; the fault-free probes (locks) are left out; a backend that does not
+    #: declare ``Capability.ELECTION`` is skipped
+    election: bool = False
 
     @classmethod
     def quick(cls, backends: list[str], seed: int) -> Config:
@@ -146,7 +152,8 @@ class BackendRun:
                 "--locks", ",".join(self.names), "--tasks", str(self.cfg.tasks),
                 "--ttl", str(self.cfg.ttl), "--checker", self.sock,
                 "--seed", str(self.rng.randrange(1 << 30)), "--chaos", str(self.cfg.chaos),
-                "--options", json.dumps(self.spec.options), cwd=ROOT,
+                "--options", json.dumps(self.spec.options),
+                *(["--election"] if self.cfg.election else []), cwd=ROOT,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
             )
         finally:
@@ -295,6 +302,9 @@ class BackendRun:
     async def run(self) -> Result:
         started = mono()
         result = Result(self.spec.key)
+        if self.cfg.election and Capability.ELECTION not in self.spec.capabilities:
+            result.skipped = "does not declare election"
+            return result
         try:
             self.server = await asyncio.to_thread(self._start_server)
         except Exception as exc:
@@ -309,8 +319,13 @@ class BackendRun:
             # parsing and analysis run in a thread: this event loop also runs the proxies
             # of the backends still in their workload (a stall here stalls their traffic)
             records = await asyncio.to_thread(_load, Path(path))
-            probe, holds = await self.probes()
-            extra = await self.spec.extra(self) if self.spec.extra is not None else {}
+            probe: dict[str, Any] = {}
+            holds: dict[str, Any] = {}
+            extra: dict[str, Any] = {}
+            if not self.cfg.election:  # the probes and extras are about locks
+                probe, holds = await self.probes()
+                if self.spec.extra is not None:
+                    extra = await self.spec.extra(self)
             result.figures = await asyncio.to_thread(
                 analyze, self.spec, self.cfg.ttl, records, self.events, probe, holds, extra)
             (self.tmp / "events.json").write_text(json.dumps([ev.json() for ev in self.events]))

@@ -16,6 +16,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("token_order", "token dups / regressions vs time", "safety"),
     ("lost_updates", "lost updates (counter RMW)", "safety"),
     ("superseded", "acted on a superseded lease", "safety"),
+    ("overlaps", "overlapping holds/terms (mono clock)", "safety"),
     ("after_resume", "actions after SIGSTOP resume", "safety"),
     ("leaked", "locks leaked / cancelled acquires", "safety"),
     ("held_not_owned", "held-not-owned / cancelled releases", "safety"),
@@ -100,8 +101,9 @@ def table(results: list[Result], cfg: Config, seconds: float) -> str:
         if r.error:
             notes.append(f"{r.backend}: error: {r.error}")
     lines += notes
-    lines.append(f"mode {cfg.mode}, seed {cfg.seed}, ttl {cfg.ttl:g}s, {cfg.procs} procs x {cfg.tasks} tasks "
-                 f"on {cfg.locks} locks, {seconds:.0f}s in all; "
+    mode = f"{cfg.mode} election" if cfg.election else cfg.mode
+    lines.append(f"mode {mode}, seed {cfg.seed}, ttl {cfg.ttl:g}s, {cfg.procs} procs x {cfg.tasks} tasks "
+                 f"on {cfg.locks} {'elections' if cfg.election else 'locks'}, {seconds:.0f}s in all; "
                  + ", ".join(f"{r.backend} {r.seconds:.0f}s" for r in results))
     failed = [f"{r.backend}:{f.key}" for r in results for f in r.failed()]
     errors = [r.backend for r in results if r.error]
@@ -112,7 +114,7 @@ def table(results: list[Result], cfg: Config, seconds: float) -> str:
 def to_json(results: list[Result], cfg: Config, seconds: float) -> dict[str, Any]:
     """Everything in the table, machine-readable (for tests/test_faults_quick.py)."""
     return {
-        "mode": cfg.mode, "seed": cfg.seed, "ttl": cfg.ttl, "seconds": seconds,
+        "mode": cfg.mode, "election": cfg.election, "seed": cfg.seed, "ttl": cfg.ttl, "seconds": seconds,
         "backends": {
             r.backend: {
                 "skipped": r.skipped, "error": r.error, "seconds": r.seconds,

@@ -1,10 +1,11 @@
 """A worker process of the fault harness.
 
     python -m tests.faults.worker --url URL --kind KIND --locks a,b --tasks N --ttl S \
-        --checker SOCKET --seed N [--chaos P] [--sleep S] [--options JSON]
+        --checker SOCKET --seed N [--chaos P] [--sleep S] [--options JSON] [--election]
 
 ``--tasks`` tasks loop: pick a lock, ``async with lock`` (watchdog on,
-``on_lost="cancel"``) -> report the acquisition to the checker -> fenced read -> random
+``on_lost="cancel"``; with ``--election``, ``async with election.campaign()``: the term is
+the lease, its number the token) -> report the acquisition to the checker -> fenced read -> random
 sleep -> fenced write of the value + 1 (sent after a random "travel" delay of up to
 ``--gap``: the hop to a real resource, where a pause lets a stale write through to the
 fence) -> release, and report how the hold ended. Each
@@ -171,7 +172,7 @@ class Worker:
         try:
             while not self.stopping.is_set():
                 name = self.rng.choice(self.names)
-                lock = self.locks.lock(name, ttl=self.ttl)
+                lock = self.primitive(self.locks, name, index)
                 try:
                     if self.rng.random() < self.args.chaos:
                         await self.chaos(lock, name, chk)
@@ -182,6 +183,13 @@ class Worker:
                     await asyncio.sleep(0.05 + self.rng.random() * 0.1)
         finally:
             await chk.aclose()
+
+    def primitive(self, locks: aiolock.Locks, name: str, index: int) -> aiolock.Lock:
+        """What the tasks contend for: a lock, or (``--election``) a campaign for the
+        election ``name`` (its terms are leases with fencing tokens, like a lock's)."""
+        if self.args.election:
+            return locks.election(name, ttl=self.ttl).campaign(data=f"{self.pid}/{index}")
+        return locks.lock(name, ttl=self.ttl)
 
     async def access(self, lease: aiolock.Lease, name: str, chk: CheckerClient) -> None:
         """Fenced read, random sleep, fenced write of read + 1: each only if not lost."""
@@ -291,6 +299,7 @@ def main() -> int:
     parser.add_argument("--sleep", type=float, default=0.003)
     parser.add_argument("--gap", type=float, default=0.004)
     parser.add_argument("--options", default="{}")
+    parser.add_argument("--election", action="store_true", help="campaign instead of lock")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     return asyncio.run(Worker(args).run())
