@@ -9,6 +9,7 @@ per backend; a test needing a capability the backend lacks skips itself with a r
 from __future__ import annotations
 
 import asyncio
+import inspect
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -86,22 +87,51 @@ def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
 
 
-@pytest.fixture(params=params())
-def scenario(request: pytest.FixtureRequest) -> Scenario:
-    """One row of the backend table (tests/scenarios.py)."""
-    row: Scenario = request.param
-    return row
+def rows_fixture(name: str, rows: list[Any], doc: str) -> Any:
+    """A fixture ``name`` parametrized over ``rows`` (``scenarios.params(...)``): the row."""
+
+    def fixture(request: pytest.FixtureRequest) -> Scenario:
+        row: Scenario = request.param
+        return row
+
+    fixture.__doc__ = doc
+    return pytest.fixture(params=rows, name=name)(fixture)
 
 
-@pytest.fixture
-def backend_url(scenario: Scenario, request: pytest.FixtureRequest) -> str:
-    return scenario.url(request)
+def _needing(fixture: Callable[..., Any], *needs: str) -> Callable[..., Any]:
+    """``fixture`` declared as taking the fixtures ``needs`` (by keyword): pytest learns a
+    fixture's dependencies from its signature, and only a declared dependency carries
+    its parametrization (``request.getfixturevalue`` would not)."""
+    kind = inspect.Parameter.KEYWORD_ONLY
+    fixture.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(need, kind) for need in needs])
+    return fixture
 
 
-@pytest.fixture
-async def locks(backend_url: str) -> AsyncIterator[aiolock.Locks]:
-    async with aiolock.connect(backend_url) as conn:
-        yield conn
+def url_fixture(name: str, rows: str) -> Any:
+    """A fixture ``name``: the URL of the row that the fixture ``rows`` gives (its server
+    started on first use)."""
+
+    def fixture(**given: Any) -> str:
+        row: Scenario = given[rows]
+        return row.url(given["request"])
+
+    return pytest.fixture(name=name)(_needing(fixture, "request", rows))
+
+
+def locks_fixture(name: str, url: str) -> Any:
+    """A fixture ``name``: ``aiolock.connect()`` to the URL the fixture ``url`` gives."""
+
+    async def fixture(**given: Any) -> AsyncIterator[aiolock.Locks]:
+        async with aiolock.connect(given[url]) as conn:
+            yield conn
+
+    return pytest.fixture(name=name)(_needing(fixture, url))
+
+
+scenario = rows_fixture("scenario", params(), "One row of the backend table (tests/scenarios.py).")
+backend_url = url_fixture("backend_url", "scenario")
+locks = locks_fixture("locks", "backend_url")
 
 
 @pytest.fixture

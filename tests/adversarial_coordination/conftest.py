@@ -5,20 +5,13 @@ without a capability skip (or must refuse with ``ValueError``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
-import aiolock
 from aiolock import Capability
 
+from ..conftest import locks_fixture, rows_fixture, url_fixture
 from ..pg_server import PostgresServer
-from ..scenarios import Scenario, params
-
-# each backend once (not again on another topology), chosen by what it declares
-COORD = params(Capability.HOLDERS, topologies=False)
-ELECT = params(Capability.ELECTION, topologies=False)
-SHARED = params(Capability.ELECTION, Capability.DISTRIBUTED, topologies=False)
+from ..scenarios import params
 
 
 @pytest.fixture
@@ -26,42 +19,19 @@ def pg_url(postgres_server: PostgresServer) -> str:
     return postgres_server.url
 
 
-@pytest.fixture(params=COORD)
-def coord_url(request: pytest.FixtureRequest) -> str:
-    """Backends that declare HOLDERS (the tests check the other capabilities)."""
-    row: Scenario = request.param
-    return row.url(request)
-
-
-@pytest.fixture
-async def coord(coord_url: str) -> AsyncIterator[aiolock.Locks]:
-    async with aiolock.connect(coord_url) as conn:
-        yield conn
-
-
-@pytest.fixture(params=ELECT)
-def elect_url(request: pytest.FixtureRequest) -> str:
-    """Backends that declare ELECTION."""
-    row: Scenario = request.param
-    return row.url(request)
-
-
-@pytest.fixture
-async def elocks(elect_url: str) -> AsyncIterator[aiolock.Locks]:
-    async with aiolock.connect(elect_url) as conn:
-        yield conn
-
-
-@pytest.fixture(params=SHARED)
-def shared_scenario(request: pytest.FixtureRequest) -> Scenario:
-    """A server-backed ELECTION backend, shared across processes."""
-    row: Scenario = request.param
-    return row
-
-
-@pytest.fixture
-def shared_url(shared_scenario: Scenario, request: pytest.FixtureRequest) -> str:
-    return shared_scenario.url(request)
+# each backend once (not again on another topology), chosen by what its class declares
+coord_scenario = rows_fixture("coord_scenario", params(Capability.HOLDERS, topologies=False),
+                              "Backends that declare HOLDERS (the tests check the other capabilities).")
+coord_url = url_fixture("coord_url", "coord_scenario")
+coord = locks_fixture("coord", "coord_url")
+elect_scenario = rows_fixture("elect_scenario", params(Capability.ELECTION, topologies=False),
+                              "Backends that declare ELECTION.")
+elect_url = url_fixture("elect_url", "elect_scenario")
+elocks = locks_fixture("elocks", "elect_url")
+shared_scenario = rows_fixture(
+    "shared_scenario", params(Capability.ELECTION, Capability.DISTRIBUTED, topologies=False),
+    "A server-backed ELECTION backend, shared across processes.")
+shared_url = url_fixture("shared_url", "shared_scenario")
 
 
 # Parametrizations run only with the slow tests (-m slow): the default run keeps one or two

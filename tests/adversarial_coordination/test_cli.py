@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -169,79 +171,79 @@ async def test_elect_usage_errors(pg_url: str, args: list[str]) -> None:
     no_traceback(err)
 
 
+@contextlib.asynccontextmanager
 async def _elect_with_grandchild(pg_url: str, name: str, ttl: float, tmp: Path
-                                 ) -> tuple[asyncio.subprocess.Process, int, Path]:
+                                 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, int, Path]]:
+    """``aiolock elect`` running a shell whose child (the grandchild) writes a heartbeat
+    file: (the elect process, the grandchild's pid, the heartbeat file); both are killed
+    on exit if still there."""
     pidfile = tmp / "gc.pid"
     beat = tmp / "beat"
     script = (f"(while true; do date +%s%N > {beat}; sleep 0.05; done) & echo $! > {pidfile}; "
               "wait")
     proc = await start_cli("elect", "--url", pg_url, "--ttl", str(ttl), "--data", "cli", name,
                            "--", "sh", "-c", script)
-    deadline = time.monotonic() + 15
-    while not (pidfile.exists() and pidfile.read_text().strip()):
-        assert time.monotonic() < deadline, "elect did not start the command"
+    gc = 0
+    try:
+        deadline = time.monotonic() + 15
+        while not (pidfile.exists() and pidfile.read_text().strip()):
+            assert time.monotonic() < deadline, "elect did not start the command"
+            await asyncio.sleep(0.02)
+        gc = int(pidfile.read_text())
+        yield proc, gc, beat
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        if gc and pid_alive(gc):
+            os.kill(gc, signal.SIGKILL)
+
+
+async def gone(pid: int, what: str, within: float = 2.0) -> None:
+    deadline = time.monotonic() + within
+    while pid_alive(pid):
+        assert time.monotonic() < deadline, what
         await asyncio.sleep(0.02)
-    return proc, int(pidfile.read_text()), beat
 
 
 async def test_elect_revoked_stops_process_group(pg_url: str, tmp_path: Path) -> None:
     name = f"adv-elr-{uuid.uuid4().hex[:6]}"
     ttl = 1.5
-    proc, gc, _beat = await _elect_with_grandchild(pg_url, name, ttl, tmp_path)
-    try:
+    async with _elect_with_grandchild(pg_url, name, ttl, tmp_path) as (proc, gc, _beat):
         code, out, err = await cli("revoke", "--url", pg_url, name)
         assert code == 0, (code, out, err)
         t0 = time.monotonic()
         await asyncio.wait_for(proc.wait(), ttl / 3 + 7)  # SIGTERM, then SIGKILL after 5 s
         assert proc.returncode == 76
         assert time.monotonic() - t0 < ttl / 3 + 6.5
-        deadline = time.monotonic() + 2
-        while pid_alive(gc):
-            assert time.monotonic() < deadline, "the command's child survived the loss"
-            await asyncio.sleep(0.02)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        if pid_alive(gc):
-            os.kill(gc, signal.SIGKILL)
+        await gone(gc, "the command's child survived the loss")
 
 
 async def test_elect_sigstopped_past_ttl_stops_child_on_wake(pg_url: str, tmp_path: Path) -> None:
     name = f"adv-els-{uuid.uuid4().hex[:6]}"
     ttl = 1.5
-    proc, gc, beat = await _elect_with_grandchild(pg_url, name, ttl, tmp_path)
-    try:
-        async with aiolock.connect(pg_url) as locks:
-            el = locks.election(name, ttl=ttl)
-            os.kill(proc.pid, signal.SIGSTOP)
-            try:
-                term = await el.campaign(data="usurper").acquire(timeout=ttl * 2 + 3)
-            finally:
-                os.kill(proc.pid, signal.SIGCONT)
-            took_over = time.monotonic()
-            try:
-                await asyncio.wait_for(proc.wait(), 8)
-                assert proc.returncode == 76, proc.returncode
-                deadline = time.monotonic() + 2
-                while pid_alive(gc):
-                    assert time.monotonic() < deadline, "the command's child survived"
-                    await asyncio.sleep(0.02)
-                # and the stale leader's child stopped soon after it woke
-                last_beat = int(beat.read_text().strip() or "0") / 1e9
-                now_wall = time.time()
-                assert now_wall - last_beat > 0, "still beating"
-                assert time.monotonic() - took_over < 8
-                ldr = await el.leader()
-                assert ldr is not None and ldr.data == "usurper" and ldr.token == term.token
-            finally:
-                await term.release()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        if pid_alive(gc):
-            os.kill(gc, signal.SIGKILL)
+    async with _elect_with_grandchild(pg_url, name, ttl, tmp_path) as (proc, gc, beat), \
+            aiolock.connect(pg_url) as locks:
+        el = locks.election(name, ttl=ttl)
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            term = await el.campaign(data="usurper").acquire(timeout=ttl * 2 + 3)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        took_over = time.monotonic()
+        try:
+            await asyncio.wait_for(proc.wait(), 8)
+            assert proc.returncode == 76, proc.returncode
+            await gone(gc, "the command's child survived")
+            # and the stale leader's child stopped soon after it woke
+            last_beat = int(beat.read_text().strip() or "0") / 1e9
+            now_wall = time.time()
+            assert now_wall - last_beat > 0, "still beating"
+            assert time.monotonic() - took_over < 8
+            ldr = await el.leader()
+            assert ldr is not None and ldr.data == "usurper" and ldr.token == term.token
+        finally:
+            await term.release()
 
 
 async def test_status_cli_sees_every_kind(pg_url: str) -> None:
@@ -281,22 +283,12 @@ async def test_unreachable_server_exit_69_and_missing_url_exit_2() -> None:
 
 async def test_elect_sigterm_stops_child_and_resigns(pg_url: str, tmp_path: Path) -> None:
     name = f"adv-elt-{uuid.uuid4().hex[:6]}"
-    proc, gc, _beat = await _elect_with_grandchild(pg_url, name, 10.0, tmp_path)
-    try:
-        async with aiolock.connect(pg_url) as locks:
-            el = locks.election(name, ttl=10)
-            assert await el.leader() is not None
-            os.kill(proc.pid, signal.SIGTERM)
-            await asyncio.wait_for(proc.wait(), 8)
-            assert proc.returncode in (143, -signal.SIGTERM), proc.returncode
-            assert await el.leader() is None  # resigned, not left to expire (ttl 10)
-            deadline = time.monotonic() + 2
-            while pid_alive(gc):
-                assert time.monotonic() < deadline, "the command's child survived elect"
-                await asyncio.sleep(0.02)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        if pid_alive(gc):
-            os.kill(gc, signal.SIGKILL)
+    async with _elect_with_grandchild(pg_url, name, 10.0, tmp_path) as (proc, gc, _beat), \
+            aiolock.connect(pg_url) as locks:
+        el = locks.election(name, ttl=10)
+        assert await el.leader() is not None
+        os.kill(proc.pid, signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 8)
+        assert proc.returncode in (143, -signal.SIGTERM), proc.returncode
+        assert await el.leader() is None  # resigned, not left to expire (ttl 10)
+        await gone(gc, "the command's child survived elect")

@@ -13,7 +13,7 @@ import pytest
 import aiolock
 from aiolock import Capability, Kind
 
-from ..conftest import need
+from ..conftest import acquire_cancelled_after, need
 from ..mc_server import MemcachedServer
 from .helpers import eventually
 
@@ -187,15 +187,7 @@ async def test_cancelled_campaigns_leave_no_phantom(
         rng = random.Random(seed)
 
         async def cancel_after(steps: int, el: aiolock.Election = el) -> None:
-            task = asyncio.create_task(el.campaign(data=f"ghost{steps}").acquire())
-            for _ in range(steps):
-                await asyncio.sleep(0)
-            task.cancel()
-            try:
-                term = await task
-            except asyncio.CancelledError:
-                return
-            await term.release()
+            await acquire_cancelled_after(el.campaign(data=f"ghost{steps}"), steps)
 
         # cancelled while someone leads (they queue), then while vacant (they may win)
         holder = await el.campaign(data="holder").acquire(timeout=5)
@@ -218,15 +210,7 @@ async def test_cancelled_lock_acquires_leave_no_holder_record(coord: aiolock.Loc
     need(coord, Capability.HOLDERS)
     rng = random.Random(1)
     for _ in range(40):
-        task = asyncio.create_task(coord.lock(name, ttl=2, data="ghost").acquire())
-        for _ in range(rng.randrange(0, 40)):
-            await asyncio.sleep(0)
-        task.cancel()
-        try:
-            lease = await task
-        except asyncio.CancelledError:
-            continue
-        await lease.release()
+        await acquire_cancelled_after(coord.lock(name, ttl=2, data="ghost"), rng.randrange(0, 40))
     async with coord.lock(name, ttl=2, data="real", timeout=5):
         assert [h.data for h in (await coord.status(name)).held_by] == ["real"]
 
