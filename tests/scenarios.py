@@ -24,7 +24,7 @@ import pytest
 
 from aiolock import Capability
 
-__all__ = ["SCENARIOS", "SECRET", "Scenario", "by_id", "params"]
+__all__ = ["SCENARIOS", "SECRET", "Scenario", "by_id", "params", "params_of"]
 
 C = Capability
 #: the password every ``bad_url`` carries where its scheme takes one: no error or log may show it
@@ -174,3 +174,8 @@ def params(*need: Capability, topologies: bool = True) -> list[Any]:
     (``topologies=False``: not the rows that only run a backend on another topology)."""
     return [s.param() for s in SCENARIOS
             if set(need) <= s.capabilities and (topologies or not s.topology_of)]
+
+
+def params_of(*ids: str) -> list[Any]:
+    """``pytest.param`` of the rows ``ids`` (a test that picks its backends by name)."""
+    return [by_id(key).param() for key in ids]

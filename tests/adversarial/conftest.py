@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+
+import aiolock
 
 from ..conftest import session_server
 from .servers import PasswordRedis, TLSRedis
 
 SECRET = "s3cr3t-Pa55w0rd-xyz"
+
+
+@pytest.fixture
+async def pair(url: str) -> AsyncIterator[tuple[aiolock.Locks, aiolock.Locks]]:
+    """Two connections to the test file's ``url`` (each file picks its backends)."""
+    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
+        yield a, b
 
 
 async def ended(task: asyncio.Task[Any], within: float = 10.0) -> None:

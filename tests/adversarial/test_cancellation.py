@@ -12,7 +12,6 @@ import os
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -20,28 +19,16 @@ import pytest
 
 import aiolock
 
-from ..zk_server import ZooKeeperServer
+from ..conftest import rows_fixture, url_fixture
+from ..scenarios import params_of
 from .conftest import ended
 
 SEED = int(os.environ.get("ADV_SEED", "1"))  # fixed by default: reproducible; vary to explore
 
 
-@pytest.fixture(params=os.environ.get("ADV_BACKENDS", "redis,zookeeper").split(","))
-async def url(request: pytest.FixtureRequest) -> str:
-    if request.param == "redis":
-        return str(request.getfixturevalue("redis_server").url)
-    if request.param == "memcached":
-        return str(request.getfixturevalue("memcached_server").url)
-    if request.param == "postgres":
-        return str(request.getfixturevalue("postgres_server").url)
-    zk: ZooKeeperServer = request.getfixturevalue("zk_server")
-    return f"zookeeper://{zk.hosts}/adv-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-async def pair(url: str) -> AsyncIterator[tuple[aiolock.Locks, aiolock.Locks]]:
-    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
-        yield a, b
+row = rows_fixture("row", params_of(*os.environ.get("ADV_BACKENDS", "redis,zookeeper").split(",")),
+                   "The backends under test (ADV_BACKENDS, from tests/scenarios.py).")
+url = url_fixture("url", "row")
 
 
 def _primitive(locks: aiolock.Locks, kind: str, name: str, ttl: float = 5) -> Any:

@@ -7,33 +7,18 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 
 import aiolock
 from aiolock import Capability
 
-from ..zk_server import ZooKeeperServer
+from ..conftest import rows_fixture, url_fixture
+from ..scenarios import params_of
 from .conftest import ended
 
-
-@pytest.fixture(params=["memory", "redis", "zookeeper", "postgres"])
-def url(request: pytest.FixtureRequest) -> str:
-    if request.param == "memory":
-        return f"memory://adv-{uuid.uuid4().hex[:8]}"
-    if request.param == "postgres":
-        return str(request.getfixturevalue("postgres_server").url)
-    if request.param == "redis":
-        return str(request.getfixturevalue("redis_server").url)
-    zk: ZooKeeperServer = request.getfixturevalue("zk_server")
-    return f"zookeeper://{zk.hosts}/adv-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-async def pair(url: str) -> AsyncIterator[tuple[aiolock.Locks, aiolock.Locks]]:
-    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
-        yield a, b
+row = rows_fixture("row", params_of("memory", "redis", "zookeeper", "postgres"), "The backends under test.")
+url = url_fixture("url", "row")
 
 
 def _need(locks: aiolock.Locks, cap: Capability) -> None:

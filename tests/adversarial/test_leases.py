@@ -8,14 +8,15 @@ import asyncio
 import gc
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 import aiolock
 
+from ..conftest import rows_fixture, url_fixture
+from ..scenarios import params_of
 from ..servers import RedisServer
-from ..zk_server import ZooKeeperServer
 
 _OWN: dict[str, RedisServer] = {}
 
@@ -29,18 +30,8 @@ def own_redis_url() -> Iterator[str]:
     server.close()
 
 
-@pytest.fixture(params=["redis", "zookeeper"])
-async def url(request: pytest.FixtureRequest) -> str:
-    if request.param == "redis":
-        return str(request.getfixturevalue("redis_server").url)
-    zk: ZooKeeperServer = request.getfixturevalue("zk_server")
-    return f"zookeeper://{zk.hosts}/adv-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-async def pair(url: str) -> AsyncIterator[tuple[aiolock.Locks, aiolock.Locks]]:
-    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
-        yield a, b
+row = rows_fixture("row", params_of("redis", "zookeeper"), "The backends under test.")
+url = url_fixture("url", "row")
 
 
 async def test_lease_misuse_raises_aiolock_errors(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
