@@ -23,6 +23,22 @@ async def pair(url: str) -> AsyncIterator[tuple[aiolock.Locks, aiolock.Locks]]:
         yield a, b
 
 
+async def cancelled_outcome(task: asyncio.Task[aiolock.Lease], within: float, where: str
+                            ) -> aiolock.Lease | None:
+    """What a just-cancelled acquire ``task`` gave: the lease if it won the race, None if
+    cancelled; a failure (not a hang) if it does not end within ``within`` seconds, or
+    ends in a LockError."""
+    try:
+        async with asyncio.timeout(within):
+            return await task
+    except asyncio.CancelledError:
+        return None
+    except TimeoutError:
+        raise AssertionError(f"{where}: cancelled acquire hangs") from None
+    except aiolock.LockError as exc:
+        raise AssertionError(f"{where}: {exc!r}") from exc
+
+
 async def ended(task: asyncio.Task[Any], within: float = 10.0) -> None:
     """Wait until ``task`` (just cancelled) has finished; fail, not hang, if it does not."""
     await asyncio.wait([task], timeout=within)

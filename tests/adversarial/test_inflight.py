@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,34 @@ def own_redis() -> Iterator[RedisServer]:
     server.close()
 
 
+async def cancel_in_flight(server: Any, acquire: Callable[[], Awaitable[Any]], within: float) -> None:
+    """Freeze ``server`` (SIGSTOP), start ``acquire()``, cancel it once its request is out
+    and resume the server: the acquire ends (cancelled, or a LockError) within 3 s."""
+    server.pause()
+    try:
+        task = asyncio.create_task(acquire())
+        await asyncio.sleep(0.2)  # the request is out, the server frozen
+        task.cancel()
+        t0 = time.monotonic()
+        async with asyncio.timeout(within):
+            results = await asyncio.gather(task, return_exceptions=True)
+        took = time.monotonic() - t0
+    finally:
+        server.resume()
+    assert isinstance(results[0], (asyncio.CancelledError, aiolock.LockError)), results
+    assert took < 3, f"cancellation took {took:.1f}s"
+
+
+async def free_within(lock: aiolock.Lock, bound: float) -> None:
+    """``lock`` is acquired within ``bound`` seconds: nobody is left holding it."""
+    t0 = time.monotonic()
+    async with asyncio.timeout(30):
+        lease = await lock.acquire(timeout=25)
+    took = time.monotonic() - t0
+    await lease.release()
+    assert took < bound, f"lock held by nobody for {took:.1f}s after a cancelled acquire or release"
+
+
 @pytest.mark.parametrize("kind", ["lock", "fair", "write"])
 async def test_cancel_acquire_in_flight_to_frozen_redis(own_redis: RedisServer,
                                                         kind: str) -> None:
@@ -38,26 +67,9 @@ async def test_cancel_acquire_in_flight_to_frozen_redis(own_redis: RedisServer,
     async with aiolock.connect(own_redis.url, **opts) as a, \
             aiolock.connect(own_redis.url, **opts) as b:
         await (await prim(a).acquire()).release()  # warm: scripts loaded, connected
-        own_redis.pause()
-        try:
-            task = asyncio.create_task(prim(a).acquire())
-            await asyncio.sleep(0.2)  # the request is out, the server frozen
-            task.cancel()
-            t0 = time.monotonic()
-            async with asyncio.timeout(10):
-                results = await asyncio.gather(task, return_exceptions=True)
-            took = time.monotonic() - t0
-        finally:
-            own_redis.resume()
-        assert isinstance(results[0], (asyncio.CancelledError, aiolock.LockError)), results
-        assert took < 3, f"cancellation took {took:.1f}s"
+        await cancel_in_flight(own_redis, prim(a).acquire, within=10)
         await asyncio.sleep(0.5)  # the server ran whatever was queued
-        t0 = time.monotonic()
-        async with asyncio.timeout(30):
-            lease = await prim(b).acquire(timeout=25)
-        took = time.monotonic() - t0
-        await lease.release()
-        assert took < 2, f"lock held by nobody for {took:.1f}s after a cancelled acquire"
+        await free_within(prim(b), 2)
 
 
 @pytest.mark.slow  # own ZooKeeper server, ~5 s
@@ -68,26 +80,9 @@ async def test_cancel_acquire_in_flight_to_frozen_zookeeper() -> None:
         async with aiolock.connect(url, session_timeout=6, request_timeout=1) as a, \
                 aiolock.connect(url, session_timeout=6, request_timeout=1) as b:
             await (await a.lock("n", ttl=3).acquire()).release()
-            zk.pause()
-            try:
-                task = asyncio.create_task(a.lock("n", ttl=3).acquire())
-                await asyncio.sleep(0.2)
-                task.cancel()
-                t0 = time.monotonic()
-                async with asyncio.timeout(15):
-                    results = await asyncio.gather(task, return_exceptions=True)
-                cancel_took = time.monotonic() - t0
-            finally:
-                zk.resume()
-            assert isinstance(results[0], (asyncio.CancelledError, aiolock.LockError)), results
-            assert cancel_took < 3, f"cancellation took {cancel_took:.1f}s"
+            await cancel_in_flight(zk, a.lock("n", ttl=3).acquire, within=15)
             await asyncio.sleep(1.0)
-            t0 = time.monotonic()
-            async with asyncio.timeout(30):
-                lease = await b.lock("n", ttl=3).acquire(timeout=25)
-            took = time.monotonic() - t0
-            await lease.release()
-            assert took < 1.5, f"lock held by nobody for {took:.1f}s after a cancelled acquire"
+            await free_within(b.lock("n", ttl=3), 1.5)
             info = await b.status("n")
             assert not info.held and info.waiters == 0, info
     finally:
@@ -111,9 +106,4 @@ async def test_cancel_release_in_flight_to_frozen_redis(own_redis: RedisServer) 
             own_redis.resume()
         async with asyncio.timeout(10):
             await lease.release()  # safe to call again; finishes the release
-        t0 = time.monotonic()
-        async with asyncio.timeout(30):
-            again = await b.lock(name, ttl=20).acquire(timeout=25)
-        took = time.monotonic() - t0
-        await again.release()
-        assert took < 2, f"lock held by nobody for {took:.1f}s after a cancelled release"
+        await free_within(b.lock(name, ttl=20), 2)

@@ -34,6 +34,15 @@ row = rows_fixture("row", params_of("redis", "zookeeper"), "The backends under t
 url = url_fixture("url", "row")
 
 
+async def _lapsed(locks: aiolock.Locks, ttl: float) -> tuple[str, aiolock.Lease]:
+    """A fresh name and a lease on it taken without watchdog, left to lapse (lost)."""
+    name = f"m-{uuid.uuid4().hex}"
+    lease = await locks.lock(name, ttl=ttl, watchdog=False).acquire()
+    await asyncio.sleep(ttl + 0.2)
+    assert lease.lost
+    return name, lease
+
+
 async def test_lease_misuse_raises_aiolock_errors(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
     a, b = pair
     name = f"m-{uuid.uuid4().hex}"
@@ -54,10 +63,7 @@ async def test_lease_misuse_raises_aiolock_errors(pair: tuple[aiolock.Locks, aio
 
 async def test_extend_after_loss_is_lock_lost(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
     a, b = pair
-    name = f"m-{uuid.uuid4().hex}"
-    lease = await a.lock(name, ttl=0.4, watchdog=False).acquire()
-    await asyncio.sleep(0.6)
-    assert lease.lost
+    name, lease = await _lapsed(a, 0.4)
     other = await b.lock(name, ttl=5).acquire(timeout=2)
     with pytest.raises(aiolock.LockLost):
         await lease.extend(5)
@@ -249,10 +255,7 @@ async def test_many_leases_renewed(pair: tuple[aiolock.Locks, aiolock.Locks]) ->
 async def test_tokens_increase_across_expiry(pair: tuple[aiolock.Locks, aiolock.Locks]) -> None:
     """The token counter outlives every lease (it never expires with the lock)."""
     a, b = pair
-    name = f"t-{uuid.uuid4().hex}"
-    first = await a.lock(name, ttl=0.3, watchdog=False).acquire()
-    await asyncio.sleep(0.6)
-    assert first.lost
+    name, first = await _lapsed(a, 0.3)
     second = await b.lock(name, ttl=0.3, watchdog=False).acquire(timeout=1)
     await second.release()
     await asyncio.sleep(0.6)

@@ -43,6 +43,17 @@ async def _settle(tasks: list[asyncio.Task[Any]], within: float) -> list[BaseExc
     return [r if isinstance(r, BaseException) else None for r in out]
 
 
+async def _unavailable_within(waiters: list[asyncio.Task[Any]], died: float, settle: float,
+                              bound: float) -> None:
+    """Every waiter ends in BackendUnavailable, the last ``bound`` seconds after ``died``."""
+    ended: list[float] = []
+    for t in waiters:
+        t.add_done_callback(lambda _t: ended.append(time.monotonic() - died))
+    for r in await _settle(waiters, settle):
+        assert isinstance(r, aiolock.BackendUnavailable), repr(r)
+    assert max(ended) < bound, f"waiters failed at {sorted(round(e, 1) for e in ended)} s"
+
+
 @pytest.mark.parametrize("backend", ["redis", "zookeeper"])
 async def test_aclose_with_fair_waiters_and_writers(request: pytest.FixtureRequest,
                                                     backend: str) -> None:
@@ -137,14 +148,8 @@ async def test_waiters_fail_together_when_server_dies(own_redis: RedisServer, ki
                 own_redis.kill()
             else:
                 own_redis.pause()
-            ended: list[float] = []
-            for t in waiters:
-                t.add_done_callback(lambda _t: ended.append(time.monotonic() - died))
-            results = await _settle(waiters, 15)
-            for r in results:
-                assert isinstance(r, aiolock.BackendUnavailable), repr(r)
+            await _unavailable_within(waiters, died, 15, 2.5)
             assert held is not None
-            assert max(ended) < 2.5, f"waiters failed at {sorted(round(e, 1) for e in ended)} s"
         finally:
             if fault == "pause":
                 own_redis.resume()
@@ -291,13 +296,7 @@ async def test_zookeeper_waiters_fail_when_server_dies() -> None:
             assert not any(t.done() for t in waiters)
             died = time.monotonic()
             zk.kill()
-            ended: list[float] = []
-            for t in waiters:
-                t.add_done_callback(lambda _t: ended.append(time.monotonic() - died))
-            results = await _settle(waiters, 20)
-            for r in results:
-                assert isinstance(r, aiolock.BackendUnavailable), repr(r)
-            assert max(ended) < 2 + 1 + 1.5, f"waiters failed at {sorted(ended)}"
+            await _unavailable_within(waiters, died, 20, 2 + 1 + 1.5)
             async with asyncio.timeout(10):
                 await held.wait_lost()
             async with asyncio.timeout(10):

@@ -6,6 +6,7 @@ its ttl (cancelled on wake, its fenced write rejected)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
@@ -14,6 +15,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,23 @@ class Proc:
             os.kill(self.p.pid, signal.SIGKILL)
         self.p.wait(10)
         self.t.join(5)
+
+
+@contextlib.asynccontextmanager
+async def observing(el: aiolock.Election) -> AsyncIterator[list[aiolock.Leader | None]]:
+    """Every value ``el.observe()`` gives, appended to the list while the block runs."""
+    seen: list[aiolock.Leader | None] = []
+
+    async def watch() -> None:
+        async for ldr in el.observe():
+            seen.append(ldr)
+
+    task = asyncio.create_task(watch())
+    try:
+        yield seen
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_at_most_one_leader_across_processes(shared_url: str) -> None:
@@ -193,15 +212,8 @@ async def test_many_processes_churn_and_observer_settles(shared_url: str) -> Non
     the truth after it stops."""
     name = f"adv-el-{uuid.uuid4().hex[:8]}"
     ttl = 1.0
-    async with aiolock.connect(shared_url) as locks:
-        el = locks.election(name, ttl=ttl)
-        seen: list[aiolock.Leader | None] = []
-
-        async def watch() -> None:
-            async for ldr in el.observe():
-                seen.append(ldr)
-
-        w = asyncio.create_task(watch())
+    async with aiolock.connect(shared_url) as locks, \
+            observing(locks.election(name, ttl=ttl)) as seen:
         procs = [Proc(shared_url, name, ttl, f"p{i}", tasks=3, hold=0.01, duration=3) for i in range(3)]
         try:
             for pr in procs:
@@ -218,8 +230,6 @@ async def test_many_processes_churn_and_observer_settles(shared_url: str) -> Non
                 assert time.monotonic() < deadline, seen[-3:]
                 await asyncio.sleep(0.02)
         finally:
-            w.cancel()
-            await asyncio.gather(w, return_exceptions=True)
             for pr in procs:
                 pr.kill()
     assert len(seen) > 3
@@ -235,24 +245,16 @@ async def test_paused_lone_leader_is_seen_vacant(shared_url: str) -> None:
         await asyncio.to_thread(a.wait_line, "LEAD", 20)
         async with aiolock.connect(shared_url) as locks:
             el = locks.election(name, ttl=ttl)
-            seen: list[aiolock.Leader | None] = []
-
-            async def watch() -> None:
-                async for ldr in el.observe():
-                    seen.append(ldr)
-
-            w = asyncio.create_task(watch())
-            try:
+            async with observing(el) as seen:
                 os.kill(a.p.pid, signal.SIGSTOP)
-                t0 = time.monotonic()
-                while not (seen and seen[-1] is None):
-                    assert time.monotonic() - t0 < ttl * 2 + 1.5, seen[-2:]
-                    await asyncio.sleep(0.02)
-                assert await el.leader() is None
-            finally:
-                os.kill(a.p.pid, signal.SIGCONT)
-                w.cancel()
-                await asyncio.gather(w, return_exceptions=True)
+                try:
+                    t0 = time.monotonic()
+                    while not (seen and seen[-1] is None):
+                        assert time.monotonic() - t0 < ttl * 2 + 1.5, seen[-2:]
+                        await asyncio.sleep(0.02)
+                    assert await el.leader() is None
+                finally:
+                    os.kill(a.p.pid, signal.SIGCONT)
             await asyncio.to_thread(a.wait_line, "LOST", 5)
     finally:
         a.kill()
