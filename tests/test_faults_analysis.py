@@ -76,6 +76,9 @@ def test_overlapping_terms_fail_and_a_clean_handoff_does_not() -> None:
     assert figs["overlaps"].status == "FAIL" and figs["overlaps"].value == 1
     assert abs(figs["overlaps"].detail["worst"] - 0.5) < 1e-9
     assert figures("postgres", log[:-1])["overlaps"].value == 0
+    # a term granted (a lower token, reported late) that never acted is not an overlap
+    late = [grant("el", 3, 12, 1.0), write("el", 3, 12, 1.5, True), grant("el", 2, 11, 1.2)]
+    assert figures("postgres", late)["overlaps"].value == 0
     # inside a fault the backend documents (a dropped connection frees at once): n/a
     restart = Event("restart", 1.9, 2.0, 0, [], {})
     figs = figures("postgres", log, [restart])

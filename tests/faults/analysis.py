@@ -53,7 +53,9 @@ def _overlaps(acq: dict[str, list[Acquired]], accesses: list[Access],
               explained: Callable[[float], bool]) -> tuple[int, int, float]:
     """Holds (election terms) of one name that overlap on the monotonic clock, each from
     its grant to its holder's last check that it still held (before a fenced access):
-    (pairs, pairs explained by a forgetting fault, the longest overlap in seconds)."""
+    (pairs, pairs explained by a forgetting fault, the longest overlap in seconds). A hold
+    that never acted is left out: an acquire may return a lease already lost (its holder
+    stalled after the server granted it), which its holder never believes in."""
     last: dict[tuple[str, int, int], float] = {}
     for rec in accesses:
         key = (rec.lock, rec.token, rec.pid)
@@ -61,7 +63,8 @@ def _overlaps(acq: dict[str, list[Acquired]], accesses: list[Access],
     bad = n_a = 0
     worst = 0.0
     for lock, recs in acq.items():
-        terms = sorted((r.t_acq, last.get((lock, r.token, r.pid), r.t_acq)) for r in recs)
+        terms = sorted((r.t_acq, last[(lock, r.token, r.pid)]) for r in recs
+                       if (lock, r.token, r.pid) in last)
         for i, (_start, end) in enumerate(terms):
             for later, _end in terms[i + 1:]:
                 if later >= end:
