@@ -12,7 +12,7 @@ import math
 import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from aiolock import Capability
 
@@ -203,13 +203,31 @@ def _aof_cluster_node() -> Any:
     return AofClusterNode()
 
 
-class AofClusterServers:
+class _Wrapper:
+    """A server setup of tests/redis_topology.py (``inner``) with a few more actions."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    @property
+    def url(self) -> str:
+        return str(self.inner.url)
+
+    def start(self) -> Self:
+        self.inner.start()
+        return self
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class AofClusterServers(_Wrapper):
     """``tests.redis_topology.RedisClusterServers`` whose masters run with AOF."""
 
     def __init__(self, masters: int) -> None:
         from ..redis_topology import RedisClusterServers
 
-        self.inner = RedisClusterServers(masters=masters)
+        super().__init__(RedisClusterServers(masters=masters))
         for node in self.inner.nodes:
             shutil.rmtree(node.dir, ignore_errors=True)
         self.inner.nodes = [_aof_cluster_node() for _ in range(masters)]
@@ -217,14 +235,6 @@ class AofClusterServers:
     @property
     def nodes(self) -> list[Any]:
         return list(self.inner.nodes)
-
-    @property
-    def url(self) -> str:
-        return str(self.inner.url)
-
-    def start(self) -> AofClusterServers:
-        self.inner.start()
-        return self
 
     def owner_of(self, slot: int) -> int:
         return int(self.inner.owner_of(slot))
@@ -235,9 +245,6 @@ class AofClusterServers:
         wait_for("cluster_state:ok on every node",
                  lambda: all(self.inner._ok(p) for p in self.inner.ports), timeout)
 
-    def close(self) -> None:
-        self.inner.close()
-
 
 def _sentinel_setup() -> SentinelSetup:
     from ..redis_topology import RedisSentinelServers
@@ -245,20 +252,9 @@ def _sentinel_setup() -> SentinelSetup:
     return SentinelSetup(RedisSentinelServers())
 
 
-class SentinelSetup:
+class SentinelSetup(_Wrapper):
     """``tests.redis_topology.RedisSentinelServers`` plus a restart of a killed master
     (it comes back and the sentinel turns it into a replica of the new master)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    @property
-    def url(self) -> str:
-        return str(self.inner.url)
-
-    def start(self) -> SentinelSetup:
-        self.inner.start()
-        return self
 
     def failover(self) -> tuple[int, int]:
         old = self.inner.master_port()
@@ -286,9 +282,6 @@ class SentinelSetup:
             with client(old) as c:
                 c.execute_command("REPLICAOF", "127.0.0.1", str(new))
             self.inner.wait_demoted(old, timeout=30.0)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def ensemble_class() -> Any:
