@@ -18,7 +18,7 @@ aiozk = pytest.importorskip("aiozk")
 from aiozk import exc as zkexc  # noqa: E402
 from aiozk import protocol as zkproto  # noqa: E402
 
-from aiolock.backends.zookeeper import _Connection  # noqa: E402
+from aiolock.backends.zookeeper._session import Connection as _Connection  # noqa: E402
 
 
 def _conn(reader: asyncio.StreamReader, read_timeout: float = 2.0) -> _Connection:
