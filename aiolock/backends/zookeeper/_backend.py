@@ -219,8 +219,10 @@ class ZooKeeperBackend(_Acquire):
                  if n.owner not in self._abandoned]
         if not nodes:
             return [], []
-        first = await self._get(f"{parent}/{nodes[0].name}", watch=False)
-        limit = decode_data(first[0])[1] if first is not None else 1
+        limit = 1
+        if kind is Kind.PERMIT:  # the limit is in the nodes' data
+            first = await self._get(f"{parent}/{nodes[0].name}", watch=False)
+            limit = decode_data(first[0])[1] if first is not None else 1
         held = holders(nodes, limit)
         got = await pipelined([self._get(f"{parent}/{n.name}", False) for n in held])
         return nodes, [(n, g[0], g[1]) for n, g in zip(held, got, strict=True) if g is not None]
@@ -230,6 +232,7 @@ class ZooKeeperBackend(_Acquire):
         async with self._bounded("an inspect"):
             nodes, held = await self._holders_now(parent, kind)
         now_wall, now = time.time(), time.monotonic()
+        self._reaper.prune(parent, nodes, kind.family)
         live: list[tuple[Node, int, float, str, float]] = []
         for node, data, stat in held:
             ttl_ms, _, info = decode_data(data)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ._recipe import Node, decode_data, holders
+from ._recipe import Node, decode_data, holders, parse
 
 
 class Reaper:
@@ -31,6 +31,15 @@ class Reaper:
     def clear(self) -> None:
         self.seen.clear()
 
+    def prune(self, parent: str, nodes: Sequence[Node], family: str) -> None:
+        """Forget the clocks of ``family``'s nodes under ``parent`` that are not in
+        ``nodes`` (released since we last looked)."""
+        present = {f"{parent}/{n.name}" for n in nodes}
+        for path in [p for p in self.seen if p.rpartition("/")[0] == parent and p not in present]:
+            node = parse(path.rpartition("/")[2])
+            if node is None or node.kind.family == family:
+                del self.seen[path]
+
     def to_read(self, parent: str, nodes: Sequence[Node], held: Sequence[Node],
                 limit: int) -> set[str]:
         """The holders whose lease clock to read (forgetting the clocks of nodes gone).
@@ -40,9 +49,8 @@ class Reaper:
         left out does not know it holds yet, and counts its lease from later than we
         would.
         """
-        present = {f"{parent}/{n.name}" for n in nodes}
-        for path in [p for p in self.seen if p.rpartition("/")[0] == parent and p not in present]:
-            del self.seen[path]  # released since we last looked
+        if nodes:
+            self.prune(parent, nodes, nodes[0].kind.family)
         real = {n.name for n in holders(nodes, limit)}
         return {f"{parent}/{n.name}" for n in held if n.name in real}
 
@@ -71,6 +79,11 @@ class Reaper:
         return max(wait, 0.001)
 
     def stale(self, path: str, version: int, ttl_ms: int, now: float) -> bool:
-        """We have seen the node at ``path`` unchanged for its whole ttl (for a report)."""
+        """Run the clock of the holder at ``path`` (for a report: ``status()``, an
+        election's ``leader()`` and ``observe()``): True once we have seen it unchanged
+        for its whole ttl. A report made once cannot tell (a holder granted after a wait
+        may not have rewritten its node yet); one repeated, as observers do, can."""
         seen = self.seen.get(path)
-        return seen is not None and seen[0] == version and now - seen[1] >= ttl_ms / 1000
+        if seen is None or seen[0] != version:
+            self.seen[path] = seen = (version, now)
+        return now - seen[1] >= ttl_ms / 1000
