@@ -73,3 +73,32 @@ async def test_a_connection_closed_mid_reply_is_aborted() -> None:
     reader.feed_eof()
     with pytest.raises(ConnectionAbortedError):
         await asyncio.wait_for(_conn(reader).read_response(), 2)
+
+
+def _serialized(reply: object) -> bytes:
+    fmt, data = reply.render()  # type: ignore[attr-defined]
+    return struct.pack("!" + fmt, *data)
+
+
+def _stat(version: int) -> object:
+    from aiozk.protocol.stat import Stat
+    return Stat(created_zxid=1 << 40, last_modified_zxid=7, created=1_700_000_000_000,
+                modified=1_700_000_000_500, version=version, child_version=3, acl_version=0,
+                ephemeral_owner=0x1234, data_length=5, num_children=0, last_modified_children=9)
+
+
+@pytest.mark.parametrize("reply", [
+    zkproto.GetChildrenResponse(children=[]),
+    zkproto.GetChildrenResponse(children=["lock-a-0000000001", "read-ü-0000000002"]),
+    zkproto.Create2Response(path="/aiolock/x/lock-o-0000000003", stat=_stat(0)),
+    zkproto.GetDataResponse(data=b'3000:1:{"d":"x"}', stat=_stat(4)),
+    zkproto.GetDataResponse(data=b"", stat=_stat(0)),
+    zkproto.SetDataResponse(stat=_stat(5)),
+], ids=["children-empty", "children", "create2", "get-data", "get-empty-data", "set-data"])
+def test_fast_replies_read_as_aiozk_reads_them(reply: object) -> None:
+    from aiolock.backends.zookeeper._session import _FAST_REPLIES
+
+    payload = _serialized(reply)
+    cls = type(reply)
+    fast, slow = _FAST_REPLIES[cls.opcode](payload), cls.deserialize(payload)
+    assert type(fast) is cls and fast == slow and vars(fast) == vars(slow)

@@ -104,6 +104,9 @@ class _Acquire(_Watches):
     ) -> Granted | Busy | None:
         """Take a place if we have none, list, and decide; None: look again."""
         path, children, listed, created = await self._place(claim, state, parent)
+        if children is None and self._freed(claim, state, parent):
+            return await self._grant(claim, state, path, False, started)
+        state.queue = None
         if children is None:
             listed = time.monotonic()
             children = await self._children(parent)
@@ -117,23 +120,40 @@ class _Acquire(_Watches):
             return None
         found = verdict(live, index, claim.limit)
         if found.holds:
-            granted = self._granted(claim, state, created, started)
-            if granted is None:
-                granted = await self._granted_stamped(claim, state, path)
-            if granted is None:  # our node is gone (reaped as stale, or session expired)
-                state.forget_node()
-                return None
-            self._unwatch(claim)
-            state.creating = False
-            state.granted = True
-            return granted
+            return await self._grant(claim, state, path, created, started)
         self._note_contended(parent)
         held = holders(live, claim.limit)
         if not attended:  # nobody will wait on this place (one try, or a core that cannot say)
             return await self._give_way(claim, parent, path, nodes, held)
         # not holding at `listed`: no contender can see us holding before that moment
         state.waited = listed
+        state.queue, state.gone = live[: index + 1], set()
         return await self._wait_on(claim, state, parent, nodes, held, found.watch, created)
+
+    def _freed(self, claim: Claim, state: ClaimState, parent: str) -> bool:
+        """The watches told of deletions that grant us, without a listing: no node can
+        join the queue before ours (sequence numbers only grow), so the last listing
+        without the nodes deleted since is all that can stand before us now."""
+        queue = state.queue
+        if not queue or not state.gone or state.sid != self._sid:
+            return False
+        rest = [n for n in queue if f"{parent}/{n.name}" not in state.gone]
+        return verdict(rest, len(rest) - 1, claim.limit).holds
+
+    async def _grant(
+        self, claim: Claim, state: ClaimState, path: str, created: bool, started: float,
+    ) -> Granted | None:
+        """Our node holds: the grant (stamping the node first if need be); None if the
+        node turned out to be gone (reaped as stale, or the session expired)."""
+        granted = self._granted(claim, state, created, started)
+        if granted is None:
+            granted = await self._granted_stamped(claim, state, path)
+        if granted is None:
+            state.forget_node()
+            return None
+        self._unwatch(claim)
+        state.creating, state.granted, state.queue = False, True, None
+        return granted
 
     async def _place(
         self, claim: Claim, state: ClaimState, parent: str,

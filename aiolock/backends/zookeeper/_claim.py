@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from ...abc import Claim
+from ._recipe import Node
 
 _KEY = "zk"
 
@@ -30,12 +31,19 @@ class ClaimState:
     waited: float | None = None
     #: the node paths whose deletion wakes this claim's waiter
     watch: set[str] = field(default_factory=set)
+    #: while waiting: the nodes of the last listing up to ours (ours last), and the
+    #: paths among them whose deletion a watch reported since (no node can join before
+    #: ours later: sequence numbers only grow, so these tell whether we hold now)
+    queue: list[Node] | None = None
+    gone: set[str] = field(default_factory=set)
 
     def forget_node(self) -> None:
         """The node is gone (released, deleted, or its session expired)."""
         self.path = self.sid = self.stamped = self.releasing = self.busy = self.waited = None
         self.czxid = 0
         self.creating = self.granted = False
+        self.queue = None
+        self.gone = set()
 
 
 def state_of(claim: Claim) -> ClaimState:

@@ -25,7 +25,7 @@ from aiozk import exc as zkexc
 from aiozk import protocol as zkproto
 
 from ...abc import Claim, Kind, Waiter
-from ._claim import known, state_of
+from ._claim import ClaimState, known, state_of
 from ._io import _Io
 from ._reaper import Reaper
 
@@ -41,7 +41,8 @@ class _Watches(_Io):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._watching: dict[str, set[str]] = {}  # znode path -> owners woken by its deletion
+        #: znode path -> the claims (owner -> state) woken by its deletion
+        self._watching: dict[str, dict[str, ClaimState]] = {}
         self._observers: dict[str, set[Waiter]] = {}  # container path -> its observers
         self._reaper = Reaper()
 
@@ -55,13 +56,13 @@ class _Watches(_Io):
         for path in paths - old:
             owners = self._watching.get(path)
             if owners is None:
-                owners = self._watching[path] = set()
+                owners = self._watching[path] = {}
                 session = self._client.session
                 session.add_watch_callback(_EVENT.DELETED, path, self._on_deleted)
                 # aiozk re-registers CHILDREN_CHANGED callbacks as child watches after a
                 # reconnect (the server answers "deleted" at once for a node gone meanwhile)
-                session.add_watch_callback(_EVENT.CHILDREN_CHANGED, path, self._on_deleted)
-            owners.add(claim.owner)
+                session.add_watch_callback(_EVENT.CHILDREN_CHANGED, path, self._on_changed)
+            owners[claim.owner] = state
         state.watch = set(paths)
 
     def _unwatch(self, claim: Claim) -> None:
@@ -76,16 +77,17 @@ class _Watches(_Io):
         owners = self._watching.get(path)
         if owners is None:
             return
-        owners.discard(owner)
+        owners.pop(owner, None)
         if not owners:
             self._drop_watch(path)
 
-    def _drop_watch(self, path: str) -> set[str]:
-        owners = self._watching.pop(path, set())
+    def _drop_watch(self, path: str) -> dict[str, ClaimState]:
+        owners = self._watching.pop(path, {})
         session = self._client.session
-        for event in (_EVENT.DELETED, _EVENT.CHILDREN_CHANGED):
+        for event, callback in ((_EVENT.DELETED, self._on_deleted),
+                                (_EVENT.CHILDREN_CHANGED, self._on_changed)):
             with contextlib.suppress(KeyError):
-                session.remove_watch_callback(event, path, self._on_deleted)
+                session.remove_watch_callback(event, path, callback)
         return owners
 
     def _prune_callbacks(self) -> None:
@@ -97,11 +99,20 @@ class _Watches(_Io):
             del callbacks[key]
 
     def _on_deleted(self, path: str) -> None:
-        # (also called for CHILDREN_CHANGED: an ephemeral node has no children, but the
-        # server sends it for a child watch re-registered after a reconnect if the node
-        # changed meanwhile; the waiters just look again)
         self._reaper.forget(path)
-        for owner in self._drop_watch(path):
+        self._fired(path, deleted=True)
+
+    def _on_changed(self, path: str) -> None:
+        # An ephemeral node has no children, but the server sends CHILDREN_CHANGED for a
+        # child watch set again after a reconnect if the node changed meanwhile: not a
+        # deletion, the waiters just look again.
+        self._fired(path, deleted=False)
+
+    def _fired(self, path: str, deleted: bool) -> None:
+        """The watch on ``path`` fired: wake its waiters, telling them of a deletion."""
+        for owner, state in self._drop_watch(path).items():
+            if deleted:
+                state.gone.add(path)
             waiter = self._waiters.get(owner)
             if waiter is not None:
                 waiter.wake()
