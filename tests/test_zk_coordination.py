@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import Awaitable
 
 import pytest
 
@@ -27,22 +26,9 @@ if zookeeper_classpath() is None:
     pytest.skip("ZooKeeper is not installed (apt-get install zookeeper)", allow_module_level=True)
 
 
-@pytest.fixture(scope="module")
-def zk_server() -> Iterator[ZooKeeperServer]:
-    server = ZooKeeperServer().start()
-    yield server
-    server.close()
-
-
 @pytest.fixture
-def url(zk_server: ZooKeeperServer) -> str:
-    return f"zookeeper://{zk_server.hosts}/aiolock-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-async def locks(url: str) -> AsyncIterator[aiolock.Locks]:
-    async with aiolock.connect(url) as conn:
-        yield conn
+def url(zk_server: ZooKeeperServer) -> str:  # (zk_server: tests/conftest.py)
+    return zk_server.fresh_url()
 
 
 def _zk(locks: aiolock.Locks) -> ZooKeeperBackend:
@@ -51,9 +37,9 @@ def _zk(locks: aiolock.Locks) -> ZooKeeperBackend:
     return backend
 
 
-async def test_the_holder_record_is_in_the_created_node(locks: aiolock.Locks) -> None:
-    backend = _zk(locks)
-    async with locks.lock("n", ttl=5, data="job 7") as lease:
+async def test_the_holder_record_is_in_the_created_node(url: str) -> None:
+    async with aiolock.connect(url) as locks, locks.lock("n", ttl=5, data="job 7") as lease:
+        backend = _zk(locks)
         parent = backend._parent("n")
         (child,) = await backend._children(parent)
         got = await backend._send(zkproto.GetDataRequest(path=f"{parent}/{child}", watch=False))
@@ -118,7 +104,12 @@ async def test_revoked_is_told_apart_from_reaped(url: str) -> None:
         await taken.release()
 
 
-async def test_scan_skips_free_names_and_reads_every_family(locks: aiolock.Locks) -> None:
+async def test_scan_skips_free_names_and_reads_every_family(url: str) -> None:
+    async with aiolock.connect(url) as locks:
+        await _scan_checks(locks)
+
+
+async def _scan_checks(locks: aiolock.Locks) -> None:
     held = [await locks.lock("a:1", ttl=5).acquire(),
             await locks.semaphore("a:1", 2, ttl=5, data="p").acquire(),
             await locks.election("a:2", ttl=5).campaign(data="L").acquire()]

@@ -5,8 +5,6 @@ waiter whose predecessor merely gave up its place must still wait for the holder
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -22,16 +20,9 @@ if zookeeper_classpath() is None:
     pytest.skip("ZooKeeper is not installed (apt-get install zookeeper)", allow_module_level=True)
 
 
-@pytest.fixture(scope="module")
-def zk_server() -> Iterator[ZooKeeperServer]:
-    server = ZooKeeperServer().start()
-    yield server
-    server.close()
-
-
 @pytest.fixture
-def url(zk_server: ZooKeeperServer) -> str:
-    return f"zookeeper://{zk_server.hosts}/aiolock-{uuid.uuid4().hex[:8]}"
+def url(zk_server: ZooKeeperServer) -> str:  # (zk_server: tests/conftest.py)
+    return zk_server.fresh_url()
 
 
 def _count_listings(locks: aiolock.Locks) -> list[str]:

@@ -279,19 +279,17 @@ class ZooKeeperBackend(_Acquire):
         which needs read on the chroot), each name's children, then an inspect per
         family found."""
         async with self._bounded("a scan"):
-            names = await self._children(self._chroot)
-        for escaped in sorted(names):
-            if self._chroot == "/" and escaped == "zookeeper":
-                continue  # the server's own
-            name = lock_name(escaped)
-            if not name.startswith(prefix):
-                continue
+            escaped = await self._children(self._chroot)
+        if self._chroot == "/":  # the server's own node is no lock
+            escaped = [e for e in escaped if e != "zookeeper"]
+        names = sorted(n for n in map(lock_name, escaped) if n.startswith(prefix))
+        for name in names:
+            parent = self._parent(name)
             async with self._bounded("a scan"):
-                children = await self._children(self._parent(name))
-            for family in families(children):
-                info = await self.inspect(name, FAMILY_KIND[family])
-                if info.held:
-                    yield info
+                kinds = [FAMILY_KIND[f] for f in families(await self._children(parent))]
+            held = [info for info in [await self.inspect(name, k) for k in kinds] if info.held]
+            for info in held:
+                yield info
 
     async def aclose(self) -> None:
         if self._closed:
