@@ -192,9 +192,9 @@ class ZooKeeperBackend(_Acquire):
         claim = waiter.claim
         if self._waiters.get(claim.owner) is waiter:
             del self._waiters[claim.owner]
+        self._unlisten_observer(waiter)
         st = known(claim)
         if st is None:
-            self._unlisten_observer(waiter)
             return
         self._unwatch(claim)
         if (st.path is not None or st.creating) and not st.granted:

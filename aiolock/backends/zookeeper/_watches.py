@@ -121,7 +121,9 @@ class _Watches(_Io):
 
     async def listen(self, name: str, kind: Kind, waiter: Waiter) -> None:
         self._waiters[waiter.claim.owner] = waiter
-        if kind is Kind.LEADER and known(waiter.claim) is None:  # an observer, not a candidate
+        # an election's observer: a claim with no lease, never tried (a candidate waits on
+        # its predecessor like any claim)
+        if kind is Kind.LEADER and waiter.claim.ttl_ms <= 0:
             parent = self._parent(name)
             observers = self._observers.get(parent)
             if observers is None:
