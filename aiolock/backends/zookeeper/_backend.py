@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 
 from aiozk import exc as zkexc
-from aiozk import protocol as zkproto
 from aiozk.states import States
 
 from ..._holder import decode_holder
@@ -23,6 +22,7 @@ from ._claim import known, state_of
 from ._options import parse_url
 from ._recipe import KIND_PREFIX, Node, decode_data, families, family_nodes, holders, lock_name
 from ._session import CountedDelete, pipelined
+from ._wire import SetData
 
 __all__ = ["ZooKeeperBackend"]
 
@@ -259,7 +259,7 @@ class ZooKeeperBackend(_Acquire):
         if st is None or not st.granted or st.path is None or st.sid != self._sid:
             return False
         parent = self._parent(claim.name)
-        touch = zkproto.SetDataRequest(path=parent, data=b"", version=-1)
+        touch = SetData(path=parent, data=b"", version=-1)
         async with self._bounded("a proclaim"):
             stat, _ = await pipelined([self._stamp(claim, st.path), self._send(touch)])
         return stat is not None

@@ -24,6 +24,7 @@ from ._claim import state_of
 from ._options import check_chroot, check_hosts, credentials, node_acl
 from ._recipe import encode_data, zk_name
 from ._session import SessionRepair
+from ._wire import Children, Create2, Delete, GetData, SetData
 
 log = logging.getLogger("aiolock.backends.zookeeper")
 
@@ -298,7 +299,7 @@ class _Io(Backend):
         return True
 
     async def _create(self, parent: str, prefix: str, data: bytes) -> tuple[str, int]:
-        req = zkproto.Create2Request(path=f"{parent}/{prefix}", data=data, acl=self._acl)
+        req = Create2(path=f"{parent}/{prefix}", data=data, acl=self._acl)
         req.set_flags(ephemeral=True, sequential=True)
         for _ in range(5):
             try:
@@ -311,21 +312,21 @@ class _Io(Backend):
 
     async def _children(self, parent: str) -> list[str]:
         try:
-            resp = await self._send(zkproto.GetChildrenRequest(path=parent, watch=False))
+            resp = await self._send(Children(path=parent, watch=False))
         except zkexc.NoNode:
             return []
         return list(resp.children)
 
     async def _delete(self, path: str, version: int = -1) -> bool:
         try:
-            await self._send(zkproto.DeleteRequest(path=path, version=version))
+            await self._send(Delete(path=path, version=version))
         except (zkexc.NoNode, zkexc.BadVersion):
             return False
         return True
 
     async def _get(self, path: str, watch: bool) -> tuple[bytes, Any] | None:
         try:
-            resp = await self._send(zkproto.GetDataRequest(path=path, watch=watch))
+            resp = await self._send(GetData(path=path, watch=watch))
         except zkexc.NoNode:
             return None
         return resp.data, resp.stat
@@ -334,7 +335,7 @@ class _Io(Backend):
         """Set a child watch on the lock node ``path`` (fires only when it is deleted);
         False if it is gone already (then no watch was set)."""
         try:
-            await self._send(zkproto.GetChildrenRequest(path=path, watch=True))
+            await self._send(Children(path=path, watch=True))
         except zkexc.NoNode:
             return False
         return True
@@ -363,7 +364,7 @@ class _Io(Backend):
         keep); its stat, or None if the node is gone. Notes when it was sent."""
         sent = time.monotonic()
         try:
-            resp = await self._send(zkproto.SetDataRequest(
+            resp = await self._send(SetData(
                 path=path, data=encode_data(claim.ttl_ms, claim.limit, claim.info), version=-1))
         except zkexc.NoNode:
             return None

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import struct
 from collections.abc import Coroutine
 from typing import Any
 
@@ -25,10 +24,10 @@ from aiozk import protocol as zkproto
 from aiozk.connection import Connection as _ZKConnection
 from aiozk.connection import reply_header_struct as _REPLY_HEADER
 from aiozk.connection import size_struct as _SIZE
-from aiozk.protocol.stat import Stat as _Stat
 from aiozk.states import States
 
 from ._options import Digest
+from ._wire import FAST_REPLIES, Delete
 
 __all__ = [
     "AIOZK_TESTED", "Connection", "CountedDelete", "SessionRepair", "pipelined", "retrieved",
@@ -112,67 +111,10 @@ class Connection(_ZKConnection):  # type: ignore[misc]
         if xid == zkproto.WATCH_XID:
             return xid, zxid, zkproto.WatchEvent.deserialize(payload)
         opcode = self.opcode_xref.pop(xid)
-        fast = _FAST_REPLIES.get(opcode)
+        fast = FAST_REPLIES.get(opcode)
         if fast is not None:
             return xid, zxid, fast(payload)
         return xid, zxid, zkproto.response_xref[opcode].deserialize(payload)
-
-
-# The replies of a contended acquisition (listings, creates, reads, renewals), parsed with
-# one struct call per field group instead of aiozk's generic part-by-part parser (the
-# largest client cost left per acquisition); they are the same aiozk response classes.
-_INT = struct.Struct("!i")
-_STAT = struct.Struct("!qqqqiiiqiiq")
-_STAT_FIELDS = tuple(name for name, _ in _Stat.parts)
-
-
-def _response(cls: Any, **fields: Any) -> Any:
-    out = cls.__new__(cls)
-    out.__dict__.update(fields)
-    return out
-
-
-def _stat(payload: bytes, offset: int) -> Any:
-    return _response(_Stat, **dict(zip(_STAT_FIELDS, _STAT.unpack_from(payload, offset),
-                                              strict=True)))
-
-
-def _string(payload: bytes, offset: int) -> tuple[str, int]:
-    (size,) = _INT.unpack_from(payload, offset)
-    offset += 4
-    return payload[offset : offset + size].decode(), offset + size
-
-
-def _children_reply(payload: bytes) -> Any:
-    (count,) = _INT.unpack_from(payload, 0)
-    offset, children = 4, []
-    for _ in range(count):
-        child, offset = _string(payload, offset)
-        children.append(child)
-    return _response(zkproto.GetChildrenResponse, children=children)
-
-
-def _create2_reply(payload: bytes) -> Any:
-    path, offset = _string(payload, 0)
-    return _response(zkproto.Create2Response, path=path, stat=_stat(payload, offset))
-
-
-def _get_data_reply(payload: bytes) -> Any:
-    (size,) = _INT.unpack_from(payload, 0)
-    data = None if size < 0 else payload[4 : 4 + size]
-    return _response(zkproto.GetDataResponse, data=data, stat=_stat(payload, 4 + max(size, 0)))
-
-
-def _set_data_reply(payload: bytes) -> Any:
-    return _response(zkproto.SetDataResponse, stat=_stat(payload, 0))
-
-
-_FAST_REPLIES = {
-    zkproto.GetChildrenResponse.opcode: _children_reply,
-    zkproto.Create2Response.opcode: _create2_reply,
-    zkproto.GetDataResponse.opcode: _get_data_reply,
-    zkproto.SetDataResponse.opcode: _set_data_reply,
-}
 
 
 class SessionRepair:
@@ -286,12 +228,12 @@ class SessionRepair:
             log.error("ZooKeeper refused the credentials of user %r", self.auth and self.auth.user)
 
 
-class CountedDelete(zkproto.DeleteRequest):  # type: ignore[misc]
+class CountedDelete(Delete):
     """A delete that counts how often it was sent (aiozk resends after a reconnect)."""
 
     sends = 0
 
     def serialize(self, xid: int | None = None) -> bytes:
         self.sends += 1
-        return super().serialize(xid)  # type: ignore[no-any-return]
+        return super().serialize(xid)
 
