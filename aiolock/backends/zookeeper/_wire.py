@@ -43,28 +43,37 @@ def _acl(acl: list[Any]) -> bytes:
     return out
 
 
-class Children(zkproto.GetChildrenRequest):  # type: ignore[misc]
+class _Fast:
+    """Made from keywords without aiozk's check of each part's name (callers are ours)."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+
+class Children(_Fast, zkproto.GetChildrenRequest):  # type: ignore[misc]
     def serialize(self, xid: int | None = None) -> bytes:
         return _head(xid, self.opcode) + _text(self.path) + (b"\1" if self.watch else b"\0")
 
 
-class GetData(zkproto.GetDataRequest):  # type: ignore[misc]
+class GetData(_Fast, zkproto.GetDataRequest):  # type: ignore[misc]
     def serialize(self, xid: int | None = None) -> bytes:
         return _head(xid, self.opcode) + _text(self.path) + (b"\1" if self.watch else b"\0")
 
 
-class Delete(zkproto.DeleteRequest):  # type: ignore[misc]
+class Delete(_Fast, zkproto.DeleteRequest):  # type: ignore[misc]
     def serialize(self, xid: int | None = None) -> bytes:
         return _head(xid, self.opcode) + _text(self.path) + _INT.pack(self.version)
 
 
-class SetData(zkproto.SetDataRequest):  # type: ignore[misc]
+class SetData(_Fast, zkproto.SetDataRequest):  # type: ignore[misc]
     def serialize(self, xid: int | None = None) -> bytes:
         return (_head(xid, self.opcode) + _text(self.path) + _buffer(self.data)
                 + _INT.pack(self.version))
 
 
-class Create2(zkproto.Create2Request):  # type: ignore[misc]
+class Create2(_Fast, zkproto.Create2Request):  # type: ignore[misc]
+    flags = 0
+
     def serialize(self, xid: int | None = None) -> bytes:
         return (_head(xid, self.opcode) + _text(self.path) + _buffer(self.data)
                 + _acl(self.acl) + _INT.pack(self.flags))
