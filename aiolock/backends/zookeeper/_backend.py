@@ -213,30 +213,33 @@ class ZooKeeperBackend(_Acquire):
 
     async def _holders_now(
         self, parent: str, kind: Kind,
-    ) -> tuple[list[Node], list[tuple[Node, bytes, Any]]]:
-        """One family's nodes (not ours being abandoned), and each holder's data and stat."""
-        nodes = [n for n in family_nodes(await self._children(parent), kind)
-                 if n.owner not in self._abandoned]
+    ) -> tuple[list[Node], list[tuple[Node, bytes, Any]], bool]:
+        """One family's nodes (not ours being abandoned), each holder's data and stat,
+        and whether that is the full listing (else the holders may not know it yet, and
+        no lease clock may start on them: see ``Reaper.to_read``)."""
+        listed = family_nodes(await self._children(parent), kind)
+        nodes = [n for n in listed if n.owner not in self._abandoned]
         if not nodes:
-            return [], []
+            return [], [], True
         limit = 1
         if kind is Kind.PERMIT:  # the limit is in the nodes' data
             first = await self._get(f"{parent}/{nodes[0].name}", watch=False)
             limit = decode_data(first[0])[1] if first is not None else 1
         held = holders(nodes, limit)
         got = await pipelined([self._get(f"{parent}/{n.name}", False) for n in held])
-        return nodes, [(n, g[0], g[1]) for n, g in zip(held, got, strict=True) if g is not None]
+        found = [(n, g[0], g[1]) for n, g in zip(held, got, strict=True) if g is not None]
+        return nodes, found, len(nodes) == len(listed)
 
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
         parent = self._parent(name)
         async with self._bounded("an inspect"):
-            nodes, held = await self._holders_now(parent, kind)
+            nodes, held, full = await self._holders_now(parent, kind)
         now_wall, now = time.time(), time.monotonic()
         self._reaper.prune(parent, nodes, kind.family)
         live: list[tuple[Node, int, float, str, float]] = []
         for node, data, stat in held:
             ttl_ms, _, info = decode_data(data)
-            if self._reaper.stale(f"{parent}/{node.name}", int(stat.version), ttl_ms, now):
+            if full and self._reaper.stale(f"{parent}/{node.name}", int(stat.version), ttl_ms, now):
                 continue  # its owner stopped renewing
             left = (int(stat.modified) + ttl_ms) / 1000 - now_wall  # server clock, roughly
             since = now_wall - int(stat.created) / 1000  # since it queued (server clock)
@@ -270,7 +273,7 @@ class ZooKeeperBackend(_Acquire):
         fire. Tokens (czxids) keep increasing."""
         parent = self._parent(name)
         async with self._bounded("a revocation"):
-            _, held = await self._holders_now(parent, kind)
+            _, held, _ = await self._holders_now(parent, kind)
             done = await asyncio.gather(*(self._delete(f"{parent}/{n.name}") for n, _, _ in held))
         return any(done)
 
