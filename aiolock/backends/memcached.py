@@ -183,9 +183,9 @@ class MemcachedBackend(Backend):
     ) -> list[Reply]:
         """Every request to the server goes through here: the backend's one error map.
         ``within`` bounds it all (connecting, a retry) in seconds."""
+        request = self._client.request(*commands, mark=mark, retry=retry)
         try:
-            async with asyncio.timeout(within):
-                return await self._client.request(*commands, mark=mark, retry=retry)
+            return await (request if within is None else asyncio.wait_for(request, within))
         except McError as exc:
             raise LockError(f"memcached at {self.url} refused a request: {exc}") from exc
         except (ConnectionError, TimeoutError, OSError) as exc:
