@@ -294,6 +294,21 @@ async def test_force_release_revokes_every_permit(locks: aiolock.Locks, name: st
     await again.release()
 
 
+async def test_since_counts_from_the_grant_not_the_first_attempt(
+    locks: aiolock.Locks, name: str
+) -> None:
+    backend = mc(locks)
+    first, second = claim(name), claim(name)
+    assert isinstance(await backend.try_acquire(first), Granted)
+    assert isinstance(await backend.try_acquire(second), Busy)
+    await asyncio.sleep(1.0)
+    assert await backend.release(first)
+    assert isinstance(await backend.try_acquire(second), Granted)
+    (holder,) = (await locks.status(name)).held_by
+    assert holder.since is not None and holder.since < 0.5
+    await backend.release(second)
+
+
 async def test_an_election_and_a_lock_of_one_name_do_not_contend(
     locks: aiolock.Locks, name: str
 ) -> None:

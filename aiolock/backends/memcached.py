@@ -251,7 +251,7 @@ class MemcachedBackend(Backend):
         exp = exptime(claim.ttl_ms)
         if seen is None:
             add, counter, now = await self._request(
-                ms(key, self._value(claim, None), b"T%d ME c" % exp),
+                ms(key, self._value(claim, None, taking=True), b"T%d ME c" % exp),
                 self._incr(claim),
                 mg(key, b"v c t"),
                 mark=claim.state,
@@ -287,7 +287,7 @@ class MemcachedBackend(Backend):
         key = self._lock_key(claim)
         exp = exptime(claim.ttl_ms)
         swap, counter = await self._request(
-            ms(key, self._value(claim, None), b"C%d T%d c" % (cas, exp)),
+            ms(key, self._value(claim, None, taking=True), b"C%d T%d c" % (cas, exp)),
             self._incr(claim),
             mark=claim.state,
         )
@@ -323,9 +323,12 @@ class MemcachedBackend(Backend):
     def _incr(self, claim: Claim) -> bytes:
         return b"ma %s N0 J%d v\r\n" % (self._counter_key(claim.name, claim.kind), _seed())
 
-    def _value(self, claim: Claim, token: int | None) -> bytes:
-        """The claim's value: owner id, ``token``, grant time and holder record."""
-        since = claim.state.setdefault("since", _wall_ms())
+    def _value(self, claim: Claim, token: int | None, *, taking: bool = False) -> bytes:
+        """The claim's value: owner id, ``token``, grant time and holder record. An
+        attempt to take the key (``taking``) is the grant time if it succeeds."""
+        if taking or "since" not in claim.state:
+            claim.state["since"] = _wall_ms()
+        since = claim.state["since"]
         assert isinstance(since, int)
         return Value(claim.owner, token, since, claim.info).encode()
 

@@ -428,7 +428,8 @@ class RedlockBackend(Backend):
         async def names(node: RedisBackend) -> set[tuple[str, str]]:
             return {found async for found in one.scan(node, prefix)}
 
-        replies = await self._ask(names)
+        # any majority of nodes meets every name a majority holds: no need to wait for more
+        replies = await self._ask(names, lambda r: len(r.ok) >= self.quorum)
         if len(replies.ok) < self.quorum:
             raise self._failure("scan", replies)
         seen = set().union(*replies.ok.values())
