@@ -21,7 +21,8 @@ from __future__ import annotations
 from ._redis_scripts import Script
 
 __all__ = [
-    "ACQUIRE", "INSPECT", "RAISE", "RELEASE", "RENEW", "REPAIR", "REVOKE", "SCAN", "SET_INFO",
+    "ACQUIRE", "INSPECT", "RAISE", "RELEASE", "RENEW", "REPAIR", "REVOKE", "SCAN", "SCRIPTS",
+    "SET_INFO",
 ]
 
 _NOW = """
@@ -172,3 +173,6 @@ redis.call('hset', KEYS[1], 'owner', ARGV[1], 'token', ARGV[2], 'info', ARGV[4])
 redis.call('pexpire', KEYS[1], ARGV[3])
 return 1
 """)
+
+#: Every script, loaded together when a node connects (see ``_redlock_node.prepare``).
+SCRIPTS = (ACQUIRE, RELEASE, RENEW, INSPECT, SET_INFO, REVOKE, SCAN, RAISE, REPAIR)

@@ -212,7 +212,7 @@ class RedlockBackend(Backend):
     # -- primitives -------------------------------------------------------------------------
 
     async def connect(self) -> None:
-        replies = await self._ask(lambda node: node.connect(), lambda r: len(r.ok) >= self.quorum)
+        replies = await self._ask(one.prepare, lambda r: len(r.ok) >= self.quorum)
         for i, exc in replies.errors.items():
             log.warning("redlock: node %s is unreachable (%s)", self._nodes[i].url, exc)
         if len(replies.ok) < self.quorum:
@@ -297,7 +297,9 @@ class RedlockBackend(Backend):
         def decided(r: _Replies[list[int]]) -> bool:
             for k in range(len(claims)):
                 yes, no = counts(r, k)
-                if yes < q and no <= n - q and yes + len(r.pending) >= q:
+                # neither renewed nor gone yet: wait for the nodes still answering (one
+                # down, one "gone", one pending is "gone" or unknown: not the same thing)
+                if yes < q and no <= n - q and r.pending:
                     return False
             return True
 
