@@ -11,12 +11,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -29,37 +25,13 @@ from aiolock.backends.postgres import PostgresBackend, PostgresRowBackend, advis
 
 from .pg_server import PostgresServer, find_pg_bin
 from .servers import free_port
+from .sql_children import start_holder, stop
 
 pytestmark = pytest.mark.skipif(find_pg_bin() is None, reason="PostgreSQL is not installed")
 
-ROOT = Path(__file__).resolve().parent.parent
-
-HOLDER = """
-import asyncio, sys
-import aiolock
-from aiolock.backends.postgres import PostgresBackend
-
-async def main() -> None:
-    url, name, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    async with aiolock.connect(PostgresBackend.from_url(url)) as locks:
-        async with locks.lock(name, ttl=ttl) as lease:
-            print("ACQUIRED", lease.token, flush=True)
-            await asyncio.sleep(3600)
-
-asyncio.run(main())
-"""
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[PostgresServer]:
-    server = PostgresServer().start()
-    yield server
-    server.close()
-
-
 @pytest.fixture
-def name() -> str:
-    return f"pg-{uuid.uuid4().hex}"
+def pg(postgres_server: PostgresServer) -> PostgresServer:
+    return postgres_server
 
 
 def connect(url: str, **options: object) -> aiolock.Locks:
@@ -90,25 +62,6 @@ async def terminate(url: str, pid: int) -> None:
         assert await conn.fetchval("SELECT pg_terminate_backend($1, 2000)", pid)
     finally:
         await conn.close()
-
-
-def start_holder(url: str, name: str, ttl: float) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, url, name, str(ttl)], cwd=ROOT, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("ACQUIRED"):
-        proc.kill()
-        _out, err = proc.communicate()
-        raise AssertionError(f"holder failed: {line!r} {err}")
-    return proc, int(line.split()[1])
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    proc.kill()
-    proc.communicate()  # reaps it and closes the pipes
 
 
 # -- the lease lives and dies with its connection ------------------------------------------
