@@ -10,9 +10,10 @@ from typing import Any, TypeVar
 
 from ..abc import Waiter
 
-__all__ = ["QUEUED_RECHECK", "ClaimState", "Renewal", "digest", "result"]
+__all__ = ["QUEUED_RECHECK", "ClaimState", "Renewal", "digest", "forget_listener", "result"]
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 #: A ``Busy.retry_after`` while a blocking wait is queued on the server: the wait itself
 #: wakes the waiter; this only bounds an in-memory re-check.
@@ -72,3 +73,12 @@ def result(task: asyncio.Task[T]) -> T | None:
     if task.cancelled() or task.exception() is not None:
         return None
     return task.result()
+
+
+def forget_listener(listeners: dict[K, set[Waiter]], key: K, waiter: Waiter) -> None:
+    """Remove ``waiter`` from ``listeners[key]``, and the key once nobody listens."""
+    waiters = listeners.get(key)
+    if waiters is not None:
+        waiters.discard(waiter)
+        if not waiters:
+            del listeners[key]

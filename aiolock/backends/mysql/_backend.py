@@ -14,7 +14,7 @@ from ..._holder import Holder, decode_holder
 from ...abc import FAMILY_KIND, Capability, Claim, Kind, LockInfo, Waiter
 from ...errors import LockError
 from .._sql import SQLBackend
-from .._sql_claim import ClaimState, Renewal
+from .._sql_claim import ClaimState, Renewal, forget_listener
 from . import _statements as sql
 from ._connection import asyncmy, map_connect_error, map_error, name_bytes, parse_url, run, seconds
 
@@ -215,11 +215,7 @@ class MySQLBackend(SQLBackend):
 
     def _unsubscribe(self, name: str, kind: Kind, waiter: Waiter) -> None:
         if kind is Kind.LEADER:
-            waiters = self._elections.get(name)
-            if waiters is not None:
-                waiters.discard(waiter)
-                if not waiters:
-                    del self._elections[name]
+            forget_listener(self._elections, name, waiter)
 
     def _signal(self, claim: Claim) -> None:
         """Wake this backend's listeners of an election whose leadership changed."""

@@ -12,6 +12,7 @@ from typing import Any
 
 from ...abc import Waiter
 from ...errors import LockError
+from .._sql_claim import forget_listener
 from ._connection import close
 from ._statements import CHANNEL
 
@@ -49,11 +50,7 @@ class Notifier:
         await self._ensure()
 
     def remove(self, key: int, waiter: Waiter) -> None:
-        waiters = self._signals.get(key)
-        if waiters is not None:
-            waiters.discard(waiter)
-            if not waiters:
-                del self._signals[key]
+        forget_listener(self._signals, key, waiter)
 
     async def _ensure(self) -> None:
         async with self._lock:
