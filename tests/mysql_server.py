@@ -39,9 +39,8 @@ def find_mariadbd() -> str | None:
 class MariaDBServer(DatabaseServer):
     """A ``mariadbd`` child process on a free loopback port; ``url`` points at it."""
 
-    restart_signal = signal.SIGKILL  # a crash: InnoDB recovers committed tokens
-    close_signal = signal.SIGKILL
     account = "mysql"
+    restart_signal = close_signal = signal.SIGKILL  # a crash: InnoDB recovers committed tokens
 
     def __init__(self, *, port: int | None = None, database: str = "aiolock") -> None:
         exe = find_mariadbd()

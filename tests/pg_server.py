@@ -47,9 +47,8 @@ def _version(path: str) -> float:
 class PostgresServer(DatabaseServer):
     """A ``postgres`` child process on a free loopback port; ``url`` points at it."""
 
-    restart_signal = signal.SIGINT  # fast shutdown: every session is terminated
-    close_signal = signal.SIGINT
     account = "postgres"
+    restart_signal = close_signal = signal.SIGINT  # fast shutdown: every session is terminated
 
     def __init__(self, *, port: int | None = None, database: str = "aiolock") -> None:
         bin_dir = find_pg_bin()
