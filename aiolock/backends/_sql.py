@@ -113,22 +113,31 @@ class SQLBackend(Backend):
         """The server lock names of ``claim`` (one per semaphore slot)."""
 
     @abc.abstractmethod
-    async def _try(self, conn: Any, claim: Claim, st: ClaimState) -> bool: ...
+    async def _try(self, conn: Any, claim: Claim, st: ClaimState) -> bool:
+        """One non-blocking attempt on ``conn``, recording the grant (``st.slot``,
+        ``st.token``, the holder row) in the same request; True if granted."""
 
     @abc.abstractmethod
-    async def _wait_on(self, conn: Any, claim: Claim, st: ClaimState) -> tuple[int, int] | None: ...
+    async def _wait_on(self, conn: Any, claim: Claim, st: ClaimState) -> tuple[int, int] | None:
+        """Queue on the server until granted: ``(slot, token)``, None if it ended without."""
 
     @abc.abstractmethod
-    async def _end_wait(self, conn: Any, claim: Claim) -> None: ...
+    async def _end_wait(self, conn: Any, claim: Claim) -> None:
+        """After a failed or cancelled wait: leave ``conn`` holding nothing and no holder
+        row of ``claim`` behind, and give it back to the pool (or drop it); never raises
+        an ``Exception``."""
 
     @abc.abstractmethod
-    async def _renew_statement(self, conn: Any, claim: Claim, st: ClaimState) -> Renewal: ...
+    async def _renew_statement(self, conn: Any, claim: Claim, st: ClaimState) -> Renewal:
+        """Restart the server-side expiry on the claim's session; what it found."""
 
     @abc.abstractmethod
-    async def _unlock(self, conn: Any, claim: Claim, st: ClaimState) -> bool: ...
+    async def _unlock(self, conn: Any, claim: Claim, st: ClaimState) -> bool:
+        """Give the lock back on ``conn`` and forget the holder row; True if it was held."""
 
     @abc.abstractmethod
-    async def _set_info_statement(self, conn: Any, claim: Claim, st: ClaimState) -> bool: ...
+    async def _set_info_statement(self, conn: Any, claim: Claim, st: ClaimState) -> bool:
+        """Store ``claim.info`` as the holder row's record; False if no longer held."""
 
     async def _subscribe(self, name: str, kind: Kind, waiter: Waiter) -> None:
         """Start release signals for ``waiter`` (beyond the server's own lock queue)."""
