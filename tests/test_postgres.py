@@ -251,7 +251,7 @@ async def test_row_mode_reads_never_disturb_a_try(pg: PostgresServer, name: str)
     pg_locks): single tries (timeout=0) of a free row, made while another connection
     reads it in a loop, all succeed, and each read sees held or free with its holder."""
     url = pg.url + "?mode=row"
-    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
+    async with aiolock.connect(url) as a, aiolock.connect(url) as b, aiolock.connect(url) as c:
         assert isinstance(a.backend, PostgresRowBackend)
         with pytest.raises(ValueError, match="not supported"):
             a.rwlock(name)
@@ -276,6 +276,19 @@ async def test_row_mode_reads_never_disturb_a_try(pg: PostgresServer, name: str)
             await reader
         assert seen <= {(False, ()), (True, ("mine",)), (True, ())}, seen
         assert (True, ("mine",)) in seen and (False, ()) in seen
+        # waiters are counted from pg_locks too: the first waits on the holder's
+        # transaction id, the next ones on the row's tuple lock
+        async def take(locks: aiolock.Locks) -> None:
+            async with locks.lock(name, ttl=5, timeout=10):
+                pass
+
+        lease = await a.lock(name, ttl=5).acquire()
+        waiting = [asyncio.create_task(take(s)) for s in (b, c)]
+        await asyncio.sleep(0.3)
+        assert (await a.status(name)).waiters == 2
+        assert [info.waiters async for info in a.scan(name)] == [2]
+        await lease.release()
+        await asyncio.gather(*waiting)
 
 
 async def test_row_mode_dead_holder_frees_within_ttl(pg: PostgresServer, name: str) -> None:

@@ -97,10 +97,11 @@ class PostgresRowBackend(RowMode, PostgresBackend):
             return lockers, await conn.fetch(sql.INSPECT_ROWS, family, name)
 
         lockers, rows = await self._pooled(read)
-        info = _info(name, family, {r["pid"] for r in lockers}, rows)
+        info = _info(name, family, {r["pid"] for r in lockers}, rows,
+                     waiters=max((int(r["waiting"]) for r in lockers), default=0))
         # renewals do not commit (the transaction stays open), so the recorded expiry is
         # the grant's: once it passed, how long the lease still runs is not known here
         return dataclasses.replace(info, ttl_left=info.ttl_left or None)
 
     def _scan_sql(self) -> str:
-        return sql.scan_sql(self._holds, waiting="0")
+        return sql.scan_sql(self._holds, waiting=sql.ROW_WAITING)

@@ -11,7 +11,7 @@ from .._sql_claim import digest
 
 __all__ = [
     "CHANNEL", "GRANT_HELD", "HOLDS", "INSPECT_LOCKS", "INSPECT_ROWS", "MIGRATE_SQL", "RENEW",
-    "ROW_HOLDS", "ROW_LOCKER", "ROW_RENEW", "SCHEMA", "SCHEMA_KEY_TEXT", "SET_INFO",
+    "ROW_HOLDS", "ROW_LOCKER", "ROW_RENEW", "ROW_WAITING", "SCHEMA", "SCHEMA_KEY_TEXT", "SET_INFO",
     "TABLES_PRESENT", "TRY_EXCLUSIVE", "TRY_SHARED", "TRY_SLOTS", "UNLOCK", "advisory_key",
     "escape_like", "revoke_sql", "scan_sql", "signal_key",
 ]
@@ -188,12 +188,26 @@ ROW_HOLDS = """EXISTS (
     JOIN pg_locks l ON l.locktype = 'transactionid' AND l.granted AND l.transactionid = r.xmax
     WHERE r.family = {family} AND r.name = {name} AND l.pid = {pid})"""
 
-#: Row mode: the pid of the session holding the row lock of ``$1``/``$2`` (none if free).
+#: Row mode: how many sessions wait for the row ``r``: the first waits on the holder's
+#: transaction id, the others on the row's tuple lock (``ctid`` is (page, tuple); the
+#: rows of ``aiolock_rows`` are locked, never updated, so it does not move).
+_ROW_WAITING = """(SELECT count(DISTINCT w.pid) FROM pg_locks w WHERE NOT w.granted AND (
+        (w.locktype = 'transactionid' AND w.transactionid = r.xmax)
+        OR (w.locktype = 'tuple' AND w.relation = 'aiolock_rows'::regclass
+            AND w.page = (r.ctid::text::point)[0]::int
+            AND w.tuple = (r.ctid::text::point)[1]::int)))"""
+
+#: Row mode: the session holding the row lock of ``$1``/``$2`` (no row if free), and how
+#: many wait for it.
 ROW_LOCKER = """
-SELECT l.pid FROM aiolock_rows r
+SELECT l.pid, """ + _ROW_WAITING + """ AS waiting FROM aiolock_rows r
 JOIN pg_locks l ON l.locktype = 'transactionid' AND l.granted AND l.transactionid = r.xmax
 WHERE r.family = $1 AND r.name = $2
 """
+
+#: Row mode, in :func:`scan_sql`: how many wait for the holder row ``h``'s row lock.
+ROW_WAITING = ("(SELECT " + _ROW_WAITING + " FROM aiolock_rows r"
+               " WHERE r.family = h.family AND r.name = h.name)")
 
 #: How many wait on the server for the holder's advisory key.
 _WAITING = """(SELECT count(*) FROM pg_locks w
