@@ -358,6 +358,8 @@ async def test_decorators(elocks: aiolock.Locks, name: str) -> None:
 async def test_decorating_a_sync_function_is_refused(elocks: aiolock.Locks, name: str,
                                                      which: str) -> None:
     need(elocks, Capability.ELECTION)
+    if which == "semaphore":
+        need(elocks, Capability.SEMAPHORE)
     deco = {"lock": lambda: elocks.lock(name),
             "campaign": lambda: elocks.election(name).campaign(),
             "semaphore": lambda: elocks.semaphore(name, 2)}[which]()
