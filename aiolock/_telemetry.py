@@ -301,7 +301,7 @@ def acquire_span(
 
 async def _traced_acquire(otel: _OTel, measure: bool, trace: bool, func: Any, lock: Lock, /,
                           *args: Any, **kwargs: Any) -> Any:
-    backend = _scheme(lock._locks.backend)
+    backend = lock._engine.scheme
     kind = lock.kind.value
     start = time.perf_counter()
     outcome = "granted"
@@ -360,7 +360,7 @@ async def _counted_wait(
     otel: _OTel, func: Callable[Concatenate[LockT, P], Coroutine[Any, Any, R]], lock: LockT, /,
     *args: P.args, **kwargs: P.kwargs,
 ) -> R:
-    key = (_scheme(lock._locks.backend), lock.kind.value)
+    key = (lock._engine.scheme, lock.kind.value)
     WAITING[key] = WAITING.get(key, 0) + 1
     try:
         return await func(lock, *args, **kwargs)
@@ -394,7 +394,7 @@ async def _traced_release(otel: _OTel, func: Any, lease: Lease, /, *args: Any, *
     hold = lease._hold
     with otel.tracer.start_as_current_span(
         "aiolock.release", attributes={
-            "aiolock.name": hold.claim.name, "aiolock.backend": _scheme(hold.session.backend),
+            "aiolock.name": hold.claim.name, "aiolock.backend": hold.engine.scheme,
             "aiolock.kind": hold.claim.kind.value, "aiolock.token": hold.token,
         }, record_exception=False, set_status_on_exception=False,
     ) as span:
@@ -418,13 +418,13 @@ def hold_started(hold: _Hold) -> None:
         return
     otel = _otel or _get()
     if otel is not None and otel.metrics_on():
-        key = (_scheme(hold.session.backend), hold.claim.kind.value)
+        key = (hold.engine.scheme, hold.claim.kind.value)
         HELD[key] = HELD.get(key, 0) + 1
 
 
 def hold_ended(hold: _Hold) -> None:
     """A hold was released on the server (by its owner, or by ``aclose()``)."""
-    closed = hold.session.closed
+    closed = hold.engine.closed
     if closed:
         lease_log.info("lease on %r (token %d) released by closing its connection",
                        hold.claim.name, hold.token)
@@ -448,7 +448,7 @@ def hold_lost(hold: _Hold, reason: str) -> None:
 
 
 def _ended(otel: _OTel, hold: _Hold, lost: str | None) -> None:
-    backend = _scheme(hold.session.backend)
+    backend = hold.engine.scheme
     kind = hold.claim.kind.value
     HELD[backend, kind] = HELD.get((backend, kind), 0) - 1
     otel.hold_duration.record(time.monotonic() - hold.since, _metric_attrs(backend, kind))

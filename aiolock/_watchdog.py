@@ -1,4 +1,4 @@
-"""The watchdog: one loop per session renews every held lease, in batches.
+"""The watchdog: one loop per connection renews every held lease, in batches.
 
 Each hold is renewed ``ttl/3`` after its last renewal was *sent*; holds that fall due
 within ``ttl/12`` of the first one go out in the same request (up to :data:`MAX_BATCH`
@@ -36,7 +36,7 @@ MAX_BATCH = 1000
 
 
 class Watchdog:
-    """Renews and expires the holds of one session.
+    """Renews and expires the holds of one connection.
 
     Holds wait in a heap ordered by their next event (renewal due, or expiry); an entry
     is stale once its hold was rescheduled or untracked, and is skipped when popped.
@@ -66,6 +66,10 @@ class Watchdog:
 
     def untrack(self, hold: _Hold) -> None:
         self._holds.discard(hold)
+
+    def drop_all(self) -> None:
+        """Stop renewing every hold, releasing none (a simulated crash)."""
+        self._holds.clear()
 
     def _schedule(self, hold: _Hold) -> None:
         """(Re)queue ``hold`` for its next event; wake the loop if that comes first."""

@@ -90,7 +90,7 @@ async def run_demo(url: str | None = None, out: TextIO = sys.stdout) -> int:
                 holds.append((lease.token, start, time.monotonic(), i))
                 screen.say(who, f"FREEZES while holding token {lease.token} "
                            f"(process paused {FREEZE:.1f}s; its watchdog cannot renew)", "bad")
-                conns[i]._abandon_for_demo()
+                conns[i]._engine.abandon_for_demo()
                 await asyncio.sleep(FREEZE)
                 screen.say(who, f"wakes up, still thinks it holds token {lease.token}; "
                            "writes the balance", "warn")
