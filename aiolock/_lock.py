@@ -197,16 +197,10 @@ class Lock:
                 return await engine.backend.try_acquire(claim), sent
             async with asyncio.timeout(max(deadline - sent, 0.0)) as scope:
                 return await engine.backend.try_acquire(claim), sent
-        except asyncio.CancelledError:
-            await engine.uninterruptible(engine.abandon(claim))
-            raise
-        except TimeoutError:
-            engine.spawn(engine.abandon(claim))
-            if deadline is not None and scope.expired():
+        except BaseException as exc:
+            await self._drop(claim, exc)
+            if isinstance(exc, TimeoutError) and deadline is not None and scope.expired():
                 raise self._timeout_error(wait) from None
-            raise
-        except BaseException:
-            engine.spawn(engine.abandon(claim))
             raise
 
     def _grant(
@@ -247,18 +241,10 @@ class Lock:
         # Queue behind the other local waiters of this name; only the head contends.
         failures = local.failures
         try:
-            if deadline is None:
-                await local.turn.acquire()
-            else:
-                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                    await local.turn.acquire()
+            await self._within(local.turn.acquire(), deadline, wait)
         except BaseException as exc:
-            if queued and isinstance(exc, asyncio.CancelledError):
-                await self._engine.uninterruptible(self._engine.abandon(claim))
-            elif queued:  # the fast path's attempt left it waiting on the server
-                self._engine.spawn(self._engine.abandon(claim))
-            if isinstance(exc, TimeoutError):
-                raise self._timeout_error(wait) from None
+            if queued:  # the fast path's attempt left it waiting on the server
+                await self._drop(claim, exc)
             raise
         try:
             if local.failures != failures:  # the server went away while we queued
@@ -303,14 +289,7 @@ class Lock:
             skip = self.kind in _EXCLUSIVE and head and not queued and local.holders > 0
             # once listening, a release in this process may hand it the lock directly
             queued = True
-            if deadline is None:
-                await backend.listen(self.name, self.kind, waiter)
-            else:
-                try:
-                    async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
-                        await backend.listen(self.name, self.kind, waiter)
-                except TimeoutError:
-                    raise self._timeout_error(wait) from None
+            await self._within(backend.listen(self.name, self.kind, waiter), deadline, wait)
             while True:
                 engine.check_open()
                 if skip:
@@ -330,15 +309,33 @@ class Lock:
                         raise self._timeout_error(wait)
                     await waiter.wait(min(retry_after, left))
         except BaseException as exc:
-            if queued and isinstance(exc, asyncio.CancelledError):
-                await engine.uninterruptible(engine.abandon(claim))  # before it propagates
-            elif queued:  # a timeout or an error: the caller need not wait for it
-                engine.spawn(engine.abandon(claim))
+            if queued:
+                await self._drop(claim, exc)
             raise
         finally:
             if local.head is waiter:
                 local.head = None
             backend.unlisten(self.name, self.kind, waiter)  # harmless if never listening
+
+    async def _within(self, step: Awaitable[R], deadline: float | None, wait: float | None) -> R:
+        """Await ``step`` until ``deadline`` (None: no limit); LockTimeout after it."""
+        if deadline is None:
+            return await step
+        try:
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                return await step
+        except TimeoutError:
+            raise self._timeout_error(wait) from None
+
+    async def _drop(self, claim: Claim, exc: BaseException) -> None:
+        """Abandon ``claim``, which ``exc`` interrupted while the server may have it
+        (granted, or waiting in the server's queue): for a cancellation, before it
+        propagates; for a timeout or an error, in the background (nobody need wait)."""
+        engine = self._engine
+        if isinstance(exc, asyncio.CancelledError):
+            await engine.uninterruptible(engine.abandon(claim))
+        else:
+            engine.spawn(engine.abandon(claim))
 
     def _timeout_error(self, wait: float | None) -> LockTimeout:
         return LockTimeout(f"could not acquire {self.name!r} within {wait} s")
