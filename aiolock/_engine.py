@@ -65,7 +65,9 @@ class _Local:
     def __init__(self) -> None:
         self.turn = asyncio.Lock()  # FIFO: only the task holding it asks the server
         self.holds: set[_Hold] = set()
-        self.head: Any = None  # the waiter currently asking the server
+        # the waiter at the head of the local (non-fair) queue, the one asking the
+        # server; a release in this process wakes it directly
+        self.head: Any = None
         self.trying = 0  # fast-path attempts in flight
         self.users = 0  # acquire() calls using this state right now
         self.failures = 0
@@ -197,6 +199,7 @@ class _Engine:
         hold = owned.get(task)
         if hold is None or hold.releasing is not None or hold.is_lost():
             return None  # a hold being released is not re-entered
+        assert hold in self._locals[key].holds, "an owned hold is one of the name's holds"
         return hold
 
     def adopt(self, hold: _Hold, key: _Key) -> None:

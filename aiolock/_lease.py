@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from . import _telemetry
 from ._holder import Holder, decode_holder
 from ._validate import check_ttl
-from .abc import Claim
+from .abc import Claim, Kind
 from .errors import LockError, LockLost
 
 if TYPE_CHECKING:
@@ -37,7 +37,25 @@ log = logging.getLogger("aiolock.lease")
 
 
 class _Hold:
-    """One grant on the server, shared by the reentrant leases of one task."""
+    """One grant on the server, shared by the reentrant leases of one task.
+
+    Invariants:
+
+    * ``lost_reason is not None`` implies ``done``: a loss ends the hold
+      (:meth:`mark_lost` goes through ``engine.forget``, which sets ``done``).
+    * ``done`` means untracked: in none of the engine's maps, not renewed by the watchdog,
+      never again undone. A hold becomes ``done`` once: released (:meth:`finish`), lost,
+      or its connection closed -- or dropped by a simulated crash (``abandon_for_demo``).
+    * ``task`` is None for a semaphore permit (a permit belongs to no task); otherwise it
+      is the acquiring task, and while the hold is live the engine's
+      ``_owned[key][task]`` is this hold (reentrancy finds it there).
+    * ``count`` is the number of unreleased leases sharing it (reentrant re-entries), at
+      least 1 while any of them is held; the server release happens when it reaches 0.
+    * ``expires_at`` (monotonic) never moves back: a renewal moves it to
+      ``max(expires_at, sent + granted)``, counted from when the request was *sent*.
+    * ``releasing`` is set once a release runs in the background (a cancelled release,
+      or a collected lease); such a hold is never re-entered.
+    """
 
     __slots__ = (
         "__weakref__",
@@ -65,6 +83,7 @@ class _Hold:
     ) -> None:
         if granted_ms is None:
             granted_ms = claim.ttl_ms
+        assert task is None or claim.kind is not Kind.PERMIT, "a permit belongs to no task"
         self.engine = engine
         self.claim = claim
         self.token = token
@@ -103,6 +122,7 @@ class _Hold:
         log.warning("lease on %r lost: %s", self.claim.name, reason)
         _telemetry.hold_lost(self, reason)
         self.engine.forget(self, wake=False)
+        assert self.done
         # The server may still keep it (e.g. a renewal reply that came too late, or a
         # revocation the backend only marked): give it back, then wake the next local
         # waiter, which waits for our release rather than asking the server.

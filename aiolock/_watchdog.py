@@ -40,6 +40,12 @@ class Watchdog:
 
     Holds wait in a heap ordered by their next event (renewal due, or expiry); an entry
     is stale once its hold was rescheduled or untracked, and is skipped when popped.
+
+    Invariants: only tracked holds (``_holds``) are scheduled; after each pass of the
+    loop every tracked hold has exactly one live heap entry, the one whose time equals
+    ``hold.sched`` (``nan`` while a pass handles it); a hold whose renewal is in flight
+    (``renewing``) is scheduled for its expiry only, so it is never renewed twice at once;
+    the loop task runs while anything is tracked.
     """
 
     def __init__(
@@ -73,6 +79,7 @@ class Watchdog:
 
     def _schedule(self, hold: _Hold) -> None:
         """(Re)queue ``hold`` for its next event; wake the loop if that comes first."""
+        assert hold in self._holds, "only tracked holds are scheduled"
         when = hold.expires_at
         if hold.watchdog and not hold.renewing:
             when = min(when, hold.renew_at)
@@ -173,7 +180,7 @@ class Watchdog:
             if sent >= hold.expires_at:
                 hold.mark_lost("its last confirmed expiry passed before the renewal was sent")
                 continue
-            hold.expires_at = max(hold.expires_at, sent + ms / 1000)
+            hold.expires_at = max(hold.expires_at, sent + ms / 1000)  # never moves back
             hold.renew_at = sent + min(hold.ttl, ms / 1000) / 3
             self._schedule(hold)
 
