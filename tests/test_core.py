@@ -118,3 +118,47 @@ async def test_release_whose_reply_is_lost_is_still_a_release(redis_url: str, na
             proto.send = send_then_drop
         assert lease.released and not lease.lost
         assert not await locks.lock(name).locked()
+
+
+# -- errors.map_exceptions: the per-backend exception map ------------------------------------
+
+
+class _ClientError(Exception):
+    pass
+
+
+class _ClientAuthError(_ClientError):
+    pass
+
+
+_EXC_MAP: dict[type[BaseException], type[Exception]] = {
+    _ClientAuthError: aiolock.AccessDenied,  # subclasses first: the first match wins
+    _ClientError: aiolock.BackendUnavailable,
+    OSError: aiolock.BackendUnavailable,
+}
+
+
+@pytest.mark.parametrize(("raised", "expected"), [
+    (_ClientAuthError("bad password"), aiolock.AccessDenied),
+    (_ClientError("gone"), aiolock.BackendUnavailable),
+    (ConnectionResetError("reset"), aiolock.BackendUnavailable),
+])
+async def test_map_exceptions_maps_around_an_await(raised: Exception, expected: type[Exception]) -> None:
+    async def io() -> None:
+        await asyncio.sleep(0)
+        raise raised
+
+    with pytest.raises(expected) as info, aiolock.errors.map_exceptions(_EXC_MAP):
+        await io()
+    assert info.value.__cause__ is raised
+    assert str(info.value) == f"{type(raised).__name__}: {raised}"
+    assert isinstance(info.value, aiolock.LockError)
+
+
+@pytest.mark.parametrize("raised", [
+    ValueError("not in the map"), aiolock.LockTimeout("ours already"), asyncio.CancelledError(),
+])
+async def test_map_exceptions_lets_the_rest_through(raised: BaseException) -> None:
+    with pytest.raises(type(raised)) as info, aiolock.errors.map_exceptions(_EXC_MAP):
+        raise raised
+    assert info.value is raised
