@@ -45,11 +45,12 @@ _Key = tuple[str, str]
 class _Local:
     """Per name, inside this process: who holds it and who waits for it.
 
-    Invariants (checked by :meth:`check`):
+    Invariants (the first asserted in :meth:`_Engine.adopt`, the others by :meth:`check`
+    at every :meth:`_Engine.tidy`):
 
     * every hold in ``holds`` is live (not ``done``): a hold enters the set live in
       :meth:`_Engine.adopt` and leaves it in :meth:`_Engine.forget`, which every
-      release and loss goes through and which marks it done (asserted there);
+      release and loss goes through and which marks it done;
     * ``trying <= users``: a fast-path attempt is one of the ``acquire()`` calls using
       this state, and neither count goes below zero;
     * ``failures`` only grows, and ``failure`` is set once it is above zero.
