@@ -398,7 +398,10 @@ class _Guard:
     def _on_lost(self) -> None:
         # Like asyncio.timeout: cancel from the loop, never from inside the task itself
         # (a loss found by ``lease.lost`` in the body), and only while still in the block.
-        asyncio.get_running_loop().call_soon(self._cancel)
+        # A hold's callbacks also run when it is released: schedule nothing then (one
+        # callback per release, for nothing, and a pile of them in a loop that never yields).
+        if self.armed and self.lease._hold.lost_reason is not None:
+            asyncio.get_running_loop().call_soon(self._cancel)
 
     def _cancel(self) -> None:
         if self.armed and not self.cancelled and self.lease._hold.lost_reason is not None:

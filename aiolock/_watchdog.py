@@ -33,6 +33,8 @@ log = logging.getLogger("aiolock.watchdog")
 
 #: At most this many claims in one renewal request.
 MAX_BATCH = 1000
+#: Stale heap entries tolerated beyond the live ones before they are swept.
+_COMPACT_SLACK = 64
 
 
 class Watchdog:
@@ -43,7 +45,9 @@ class Watchdog:
 
     Invariants: only tracked holds (``_holds``) are scheduled; after each pass of the
     loop every tracked hold has exactly one live heap entry, the one whose time equals
-    ``hold.sched`` (``nan`` while a pass handles it); a hold whose renewal is in flight
+    ``hold.sched`` (``nan`` while a pass handles it); the heap holds at most about twice
+    as many entries as there are tracked holds (:meth:`untrack` sweeps stale ones,
+    a stale entry keeping a dead hold alive); a hold whose renewal is in flight
     (``renewing``) is scheduled for its expiry only, so it is never renewed twice at once;
     the loop task runs while anything is tracked.
     """
@@ -72,6 +76,13 @@ class Watchdog:
 
     def untrack(self, hold: _Hold) -> None:
         self._holds.discard(hold)
+        # Its heap entry stays until popped, and the loop may sleep for ttl/3: under a
+        # steady stream of short holds, stale entries (each keeping a dead hold alive)
+        # would pile up by the thousand. Drop them once they outnumber the live ones.
+        heap = self._heap
+        if len(heap) > 2 * len(self._holds) + _COMPACT_SLACK:
+            heap[:] = [e for e in heap if e[2].sched == e[0] and e[2] in self._holds]
+            heapq.heapify(heap)  # in place: the loop holds a reference to this list
 
     def drop_all(self) -> None:
         """Stop renewing every hold, releasing none (a simulated crash)."""

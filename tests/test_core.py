@@ -139,10 +139,12 @@ async def test_engine_state_is_dropped_after_a_storm_of_acquisitions() -> None:
                 try:
                     async with lock:
                         inside[name] = inside.get(name, 0) + 1
-                        assert inside[name] == 1, "two holders of one mutex"
-                        async with lock:  # a re-entry shares the hold
-                            await asyncio.sleep(0)
-                        inside[name] -= 1
+                        try:
+                            assert inside[name] == 1, "two holders of one mutex"
+                            async with lock:  # a re-entry shares the hold
+                                await asyncio.sleep(0)
+                        finally:
+                            inside[name] -= 1
                 except aiolock.LockTimeout:
                     pass
 
