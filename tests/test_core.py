@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 import uuid
 from collections.abc import Sequence
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 import pytest
 
 import aiolock
+from aiolock._lease import _Hold
 from aiolock.abc import Claim
 from aiolock.backends.memory import MemoryBackend
 
@@ -157,6 +159,19 @@ async def test_engine_state_is_dropped_after_a_storm_of_acquisitions() -> None:
         await asyncio.sleep(0.05)  # background abandons of the cancelled claims
         assert not engine._locals and not engine._owned and not engine._acquiring
         assert len(engine.watchdog) == 0
+
+
+async def test_a_loop_that_never_yields_keeps_no_dead_lease_alive() -> None:
+    """Uncontended cycles on memory:// never suspend: nothing may pile up meanwhile (no
+    callback scheduled per release, no stale watchdog entry per hold)."""
+    async with aiolock.connect(f"memory://{uuid.uuid4().hex}") as locks:
+        lock = locks.lock("busy", ttl=30)
+        for _ in range(2000):
+            async with lock:
+                pass
+        gc.collect()
+        assert sum(isinstance(o, _Hold) for o in gc.get_objects()) < 100  # not one per cycle
+        assert len(locks._engine.watchdog._heap) < 200
 
 
 # -- errors.map_exceptions: the per-backend exception map ------------------------------------
