@@ -227,9 +227,10 @@ async def test_fair_dead_waiter_is_skipped(r: Any) -> None:
 async def test_inspect(r: Any) -> None:
     out = await run(r, INSPECT, keys("n", "-"))
     assert out[0] == b"" and out[1] == -1 and out[3] == -1
-    await acquire(r, "a")
-    owner, token, pttl, last, queued = await run(r, INSPECT, keys("n", "-"))
+    await run(r, ACQUIRE, keys("n", "a"), "a", 10_000, "0", 10_000, "inbox-a", '{"d":"x|y"}')
+    owner, token, pttl, last, queued, info, held = await run(r, INSPECT, keys("n", "-"))
     assert owner == b"a" and token == 1 and 0 < pttl <= 10_000 and last == 1 and queued == 0
+    assert info == b'{"d":"x|y"}' and 0 <= held < 1000
 
 
 async def test_fenced_write(r: Any) -> None:

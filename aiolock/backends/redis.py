@@ -30,7 +30,7 @@ import asyncio
 import functools
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -38,14 +38,13 @@ from redis import exceptions as rexc
 
 from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
 from ..errors import LockError
+from . import _redis_admin
 from ._redis_errors import CONNECTING, redis_error
 from ._redis_options import resolve
 from ._redis_pubsub import Signals
 from ._redis_scripts import (
     ACQUIRE,
     ACQUIRE_SHARED,
-    INSPECT,
-    INSPECT_SHARED,
     RELEASE,
     RELEASE_SHARED,
     RENEW,
@@ -86,7 +85,8 @@ class RedisBackend(Backend):
     schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss", "unix")
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
-         Capability.EXPIRY, Capability.DISTRIBUTED}
+         Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS, Capability.SCAN,
+         Capability.REVOKE, Capability.ELECTION}
     )
 
     #: Take a hand-off message (or a local hand-off's reply) as the grant, without a
@@ -174,7 +174,7 @@ class RedisBackend(Backend):
     def _keys(self, name: str, owner: str, kind: Kind = Kind.LOCK) -> list[str]:
         base = self._base(name, kind)
         keys = [base, base + ":seq", base + ":q", base + ":qt", base + ":x:" + owner]
-        if kind is not Kind.LOCK:
+        if kind not in _HANDOFF:
             keys += (base + ":h", base + ":ht")
         return keys
 
@@ -254,13 +254,13 @@ class RedisBackend(Backend):
                 del self._gates[key]
 
     async def _try_acquire(self, claim: Claim) -> Granted | Busy:
-        if claim.kind is Kind.LOCK:
+        if claim.kind in _HANDOFF:
             return await self._try_lock(claim)
         keys = self._keys(claim.name, claim.owner, claim.kind)
         fair = "1" if claim.fair else "0"
         reply = await self._run(
             ACQUIRE_SHARED, keys, claim.owner, claim.ttl_ms, fair, claim.ttl_ms,
-            _KIND[claim.kind], claim.limit,
+            _KIND[claim.kind], claim.limit, claim.info,
         )
         if reply[0] == 1:
             return Granted(int(reply[1]), int(reply[2]))
@@ -302,7 +302,7 @@ class RedisBackend(Backend):
             assert isinstance(due, float)
             if due - time.monotonic() > 0.001:
                 return Busy(due - time.monotonic())
-        keys = self._keys(claim.name, claim.owner)
+        keys = self._keys(claim.name, claim.owner, claim.kind)
         waits = claim.waits and self.handoffs
         if waits:  # before sending: a grant may come before the reply
             self.signals.claims[claim.owner] = claim
@@ -311,7 +311,8 @@ class RedisBackend(Backend):
         try:
             reply = await self._run(
                 ACQUIRE, keys, claim.owner, claim.ttl_ms, "1" if claim.fair else "0",
-                claim.ttl_ms if waits else 0, self.inbox,
+                claim.ttl_ms if waits else 0, self.inbox, claim.info,
+                "1" if claim.kind is Kind.LEADER else "0",
             )
         except BaseException:
             self.signals.claims.pop(claim.owner, None)
@@ -342,7 +343,7 @@ class RedisBackend(Backend):
         args: list[Any] = []
         for claim in claims:
             base = self._base(claim.name, claim.kind)
-            if claim.kind in (Kind.LOCK, Kind.WRITE):
+            if claim.kind.exclusive:
                 keys += (base, base)
                 args += ("h", claim.owner, claim.ttl_ms)
             else:
@@ -352,9 +353,9 @@ class RedisBackend(Backend):
 
     async def release(self, claim: Claim) -> bool:
         keys = self._keys(claim.name, claim.owner, claim.kind)
-        noted = claim.kind is not Kind.LOCK and self.signals.note_local_release(keys[0], claim.owner)
-        heir, local = (self._heir(claim, keys[0]) if claim.kind is Kind.LOCK and self.handoffs
-                       else (None, []))
+        handoffs = claim.kind in _HANDOFF
+        noted = not handoffs and self.signals.note_local_release(keys[0], claim.owner)
+        heir, local = self._heir(claim, keys[0]) if handoffs and self.handoffs else (None, [])
         handoff = None
         if heir is not None:  # its acquire waits for this release (see _try_lock)
             handoff = heir.state["handoff"] = asyncio.get_running_loop().create_future()
@@ -411,7 +412,7 @@ class RedisBackend(Backend):
         # own connection retries itself and tells us (on_retry): no marker needed.
         tomb = max(TOMBSTONE_MS, 2 * claim.ttl_ms) if abandon else (
             0 if self._resp is not None else RELEASED_MARK_MS)
-        if claim.kind is not Kind.LOCK:
+        if claim.kind not in _HANDOFF:
             return await self._run(
                 RELEASE_SHARED, keys, claim.owner, keys[0], flag, tomb, _KIND[claim.kind],
                 on_retry=on_retry,
@@ -420,6 +421,7 @@ class RedisBackend(Backend):
         reply = await self._run(
             RELEASE, keys, claim.owner, keys[0], flag, tomb,
             heir.owner if heir is not None else "", heir.ttl_ms if heir is not None else 0,
+            heir.info if heir is not None else "", "1" if claim.kind is Kind.LEADER else "0",
             on_retry=on_retry,
         )
         released, owner, token, queued = reply
@@ -440,31 +442,44 @@ class RedisBackend(Backend):
         return int(released)
 
     async def listen(self, name: str, kind: Kind, waiter: Waiter) -> None:
-        via = self.inbox if kind is Kind.LOCK and self.handoffs else None  # see RELEASE
-        await self.signals.listen(self._base(name, kind), waiter, via)
+        channel = self._base(name, kind)
+        if kind in _HANDOFF and self.handoffs:  # hand-offs come to the inbox (see RELEASE)
+            await self.signals.listen(channel, waiter, self.inbox)
+            if kind is not Kind.LEADER:
+                return
+        await self.signals.listen(channel, waiter)  # an election's changes: its channel
 
     def unlisten(self, name: str, kind: Kind, waiter: Waiter) -> None:
         self.signals.unlisten(self._base(name, kind), waiter)
 
+    # -- holders, listing, revocation (see _redis_admin) ----------------------------------
+
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
-        keys = self._keys(name, "-", kind)
-        if kind is Kind.LOCK:
-            owner, token, pttl, last, queued = await self._run(INSPECT, keys)
-            shared, shared_left = 0, -1
-        else:
-            owner, token, pttl, last, queued, shared, shared_left = await self._run(
-                INSPECT_SHARED, keys
-            )
-        writer = bool(owner)
-        holders = int(writer) + int(shared)
-        lefts = [int(pttl)] if writer and int(pttl) >= 0 else []
-        if int(shared_left) >= 0:
-            lefts.append(int(shared_left))
-        return LockInfo(
-            name, holders > 0, holders=holders, token=int(token) if writer else None,
-            last_token=int(last) if int(last) >= 0 else None,
-            ttl_left=max(lefts) / 1000 if lefts else None, waiters=int(queued),
-        )
+        return await _redis_admin.inspect(self, name, kind)
+
+    async def set_info(self, claim: Claim) -> bool:
+        return await _redis_admin.set_info(self, claim)
+
+    async def force_release(self, name: str, kind: Kind = Kind.LOCK) -> bool:
+        return await _redis_admin.force_release(self, name, kind)
+
+    async def scan(self, prefix: str = "") -> AsyncIterator[LockInfo]:
+        async for info in _redis_admin.scan(self, prefix):
+            yield info
+
+    async def _scan_keys(self, match: str) -> AsyncIterator[Any]:
+        """Every key matching ``match`` (``SCAN``: never blocks the server)."""
+        cursor: Any = 0
+        while True:
+            try:
+                cursor, keys = await self._call("SCAN", cursor, "MATCH", match, "COUNT",
+                                                _redis_admin.SCAN_COUNT)
+            except _ERRORS as exc:
+                raise redis_error(exc, self._url, "scan") from exc
+            for key in keys:
+                yield key
+            if int(cursor) == 0:
+                return
 
     async def aclose(self) -> None:
         await self.signals.aclose()
@@ -479,6 +494,8 @@ _ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError, TimeoutError, OSError, ResponseError, rexc.RedisError,
 )
 _KIND = {Kind.READ: "r", Kind.WRITE: "w", Kind.PERMIT: "p"}
+#: Kinds kept in a plain lock's keys and scripts (ACQUIRE/RELEASE, hand-offs to waiters).
+_HANDOFF = frozenset({Kind.LOCK, Kind.LEADER})
 
 
 class _Streak:

@@ -54,7 +54,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 
 from redis import exceptions as rexc
@@ -68,6 +68,7 @@ from redis.crc import key_slot
 from .._validate import check_timeouts, credentials, format_hosts, parse_hosts
 from ..abc import Capability, Claim, Kind
 from ..errors import BackendUnavailable, LockError
+from ._redis_admin import SCAN_COUNT
 from ._redis_errors import CONNECTING, redis_error
 from ._redis_options import check_names, connection_options, query_options
 from ._redis_pubsub import Signals
@@ -291,6 +292,14 @@ class RedisClusterBackend(RedisBackend):
             for i, ms in zip(group, reply, strict=True):
                 out[i] = int(ms) or None
         return out
+
+    async def _scan_keys(self, match: str) -> AsyncIterator[Any]:
+        """Every key matching ``match`` on every master (``SCAN`` on each)."""
+        try:
+            async for key in self._cluster.scan_iter(match=match, count=SCAN_COUNT):
+                yield key
+        except _CONNECT_ERRORS as exc:
+            raise redis_error(exc, self._url, "scan") from exc
 
     def renewal_group(self, claim: Claim) -> object:
         """The master that serves the claim's slot (as redis-py's slot map has it): the
