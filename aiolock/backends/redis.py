@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, ClassVar
@@ -38,33 +37,20 @@ from redis import exceptions as rexc
 
 from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
 from ..errors import LockError
-from . import _redis_admin
+from . import _redis_admin, _redis_handoff
 from ._redis_errors import CONNECTING, redis_error
+from ._redis_handoff import LOCAL_HANDOFF_S, LOCAL_HANDOFFS, Streak
 from ._redis_options import resolve
 from ._redis_pubsub import Signals
-from ._redis_scripts import (
-    ACQUIRE,
-    ACQUIRE_SHARED,
-    RELEASE,
-    RELEASE_SHARED,
-    RENEW,
-    SCRIPTS,
-    Script,
-)
+from ._redis_scripts import ACQUIRE_SHARED, RELEASE_SHARED, RENEW, SCRIPTS, Script
 from ._resp import RespClient, ResponseError
 
-__all__ = ["RedisBackend", "redis_key_part"]
+__all__ = ["LOCAL_HANDOFFS", "LOCAL_HANDOFF_S", "RedisBackend", "redis_key_part"]
 
 #: How long an abandoned claim stays barred from a late grant (ms), at least.
 TOMBSTONE_MS = 60_000
 #: How long a release through a redis-py client stays recognisable to its own resend (ms).
 RELEASED_MARK_MS = 60_000
-#: Bounded local hand-offs (issue 10): while a process of its own waits on the server, a
-#: release hands the lock to a task of this process (a local hand-off, the fastest kind)
-#: at most LOCAL_HANDOFFS times in a row, and not after LOCAL_HANDOFF_S seconds from the
-#: first of them; the next release hands it to the first waiter on the server.
-LOCAL_HANDOFFS = 4
-LOCAL_HANDOFF_S = 0.010
 #: Requests in flight at once through a redis-py client (its pool holds at most 100 by
 #: default in redis-py 8, and Sentinel's own pool is not configurable from a URL).
 MAX_IN_FLIGHT = 64
@@ -120,7 +106,7 @@ class RedisBackend(Backend):
         )
         self._request_timeout = request_timeout
         self._gates: dict[tuple[str, str], _Gate] = {}  # see try_acquire
-        self._streaks: dict[str, _Streak] = {}  # lock key -> local hand-offs in a row
+        self._streaks: dict[str, Streak] = {}  # lock key -> local hand-offs in a row
         #: this process's pub/sub channel for the hand-offs of plain locks (see RELEASE)
         self.inbox = f"{prefix}:inbox:{uuid.uuid4().hex}"
         self.signals = signals if signals is not None else Signals(client, request_timeout)
@@ -255,7 +241,7 @@ class RedisBackend(Backend):
 
     async def _try_acquire(self, claim: Claim) -> Granted | Busy:
         if claim.kind in _HANDOFF:
-            return await self._try_lock(claim)
+            return await _redis_handoff.try_lock(self, claim)
         keys = self._keys(claim.name, claim.owner, claim.kind)
         fair = "1" if claim.fair else "0"
         reply = await self._run(
@@ -267,68 +253,6 @@ class RedisBackend(Backend):
         if reply[0] == -1:
             raise LockError(f"claim on {claim.name!r} was abandoned")
         return Busy(max(int(reply[1]), 1) / 1000)
-
-    # A plain lock's waiter is registered on the server (see ``ACQUIRE``): a release hands
-    # it the lock and one message says so (Signals.granted leaves the token in
-    # claim.state["grant"]). Its claim.state also keeps, from its last busy ACQUIRE:
-    #   "sent"  the monotonic time that request was sent: the lease it is handed later
-    #           started after that (the busy reply proves the grant came later), so the
-    #           lease is believed until sent + ttl, never longer
-    #   "seen"  the token that reply saw: a grant with a token not above it is stale
-    #   "mark"  Signals.mark() taken before that request, "due" its retry time, and
-    #   "fresh" (the same mark) while the next call may answer busy without asking:
-    #           registered and subscribed since, a grant cannot go unheard.
-    # A local hand-off (RELEASE naming a claim of ours) sets "sent" to the time that
-    # RELEASE was sent, and "handoff" to a future done when its reply is in.
-
-    async def _try_lock(self, claim: Claim) -> Granted | Busy:
-        state = claim.state
-        channel = self.inbox
-        handoff = state.get("handoff")
-        if isinstance(handoff, asyncio.Future):  # a release of ours may hand it to us
-            await asyncio.shield(handoff)
-        token = state.pop("grant", None)
-        if (self.trust_handoffs and isinstance(token, int)
-                and token > state.get("seen", 0)):  # type: ignore[operator]
-            sent = state["sent"]
-            assert isinstance(sent, float)
-            left = claim.ttl_ms - int((time.monotonic() - sent) * 1000)
-            if left > claim.ttl_ms // 2:  # else ask the server for the exact time left
-                self.signals.claims.pop(claim.owner, None)
-                return Granted(token, left)
-        fresh = state.pop("fresh", None)
-        if fresh is not None and self.signals.unbroken(channel, fresh):
-            due = state["due"]
-            assert isinstance(due, float)
-            if due - time.monotonic() > 0.001:
-                return Busy(due - time.monotonic())
-        keys = self._keys(claim.name, claim.owner, claim.kind)
-        waits = claim.waits and self.handoffs
-        if waits:  # before sending: a grant may come before the reply
-            self.signals.claims[claim.owner] = claim
-        mark = self.signals.mark(channel)
-        sent = time.monotonic()
-        try:
-            reply = await self._run(
-                ACQUIRE, keys, claim.owner, claim.ttl_ms, "1" if claim.fair else "0",
-                claim.ttl_ms if waits else 0, self.inbox, claim.info,
-                "1" if claim.kind is Kind.LEADER else "0",
-            )
-        except BaseException:
-            self.signals.claims.pop(claim.owner, None)
-            raise
-        if reply[0] != 0:
-            self.signals.claims.pop(claim.owner, None)
-            state.pop("grant", None)
-            if reply[0] == -1:
-                raise LockError(f"claim on {claim.name!r} was abandoned")
-            return Granted(int(reply[1]), int(reply[2]))
-        retry = max(int(reply[1]), 1) / 1000
-        if waits:
-            state.update(sent=sent, seen=int(reply[2]), mark=mark, due=time.monotonic() + retry)
-            if mark is not None:
-                state["fresh"] = mark
-        return Busy(retry)
 
     async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
         if not claims:
@@ -355,9 +279,10 @@ class RedisBackend(Backend):
         keys = self._keys(claim.name, claim.owner, claim.kind)
         handoffs = claim.kind in _HANDOFF
         noted = not handoffs and self.signals.note_local_release(keys[0], claim.owner)
-        heir, local = self._heir(claim, keys[0]) if handoffs and self.handoffs else (None, [])
+        heir, local = (_redis_handoff.heir(self, claim, keys[0]) if handoffs and self.handoffs
+                       else (None, []))
         handoff = None
-        if heir is not None:  # its acquire waits for this release (see _try_lock)
+        if heir is not None:  # its acquire waits for this release (see _redis_handoff)
             handoff = heir.state["handoff"] = asyncio.get_running_loop().create_future()
         released = False
         retried: list[bool] = []
@@ -376,26 +301,6 @@ class RedisBackend(Backend):
                 heir.state.pop("handoff", None)
                 handoff.set_result(None)
         return released
-
-    def _heir(self, claim: Claim, channel: str) -> tuple[Claim | None, list[Claim]]:
-        """Before a plain lock's release: the waiting claim of this process to hand it to
-        (a local hand-off), if any and if the streak allows; and all local waiting claims."""
-        if claim.fair:
-            return None, []
-        local = [w.claim for w in self.signals.waiting(channel)
-                 if not w.claim.fair and w.claim is not claim]
-        streak = self._streaks.get(channel)
-        if local and (streak is None or (streak.count < LOCAL_HANDOFFS
-                                         and time.monotonic() - streak.since < LOCAL_HANDOFF_S)):
-            heir = local[0]
-            heir.state.pop("fresh", None)  # woken to take it: must not answer busy itself
-            return heir, local
-        self._streaks.pop(channel, None)
-        for each in local:  # woken, but the lock goes to the server's next waiter
-            mark = each.state.get("mark")
-            if "due" in each.state and self.signals.unbroken(self.inbox, mark):
-                each.state["fresh"] = mark  # registered: no need to ask again
-        return None, local
 
     async def abandon(self, claim: Claim) -> None:
         self.signals.claims.pop(claim.owner, None)
@@ -417,29 +322,8 @@ class RedisBackend(Backend):
                 RELEASE_SHARED, keys, claim.owner, keys[0], flag, tomb, _KIND[claim.kind],
                 on_retry=on_retry,
             )
-        sent = time.monotonic()
-        reply = await self._run(
-            RELEASE, keys, claim.owner, keys[0], flag, tomb,
-            heir.owner if heir is not None else "", heir.ttl_ms if heir is not None else 0,
-            heir.info if heir is not None else "", "1" if claim.kind is Kind.LEADER else "0",
-            on_retry=on_retry,
-        )
-        released, owner, token, queued = reply
-        owner = _text(owner)
-        if heir is not None and owner == heir.owner:
-            # a local hand-off: the lease began after this request was sent
-            heir.state["sent"] = sent
-            # others wait on the server (beyond our own registered waiters): count it
-            if int(queued) > sum(1 for c in local if c is not heir and "due" in c.state):
-                streak = self._streaks.get(keys[0])
-                if streak is None:
-                    streak = self._streaks[keys[0]] = _Streak()
-                streak.count += 1
-            else:
-                self._streaks.pop(keys[0], None)
-        if owner:  # handed over: if to a claim of ours, tell it now (not at the echo)
-            self.signals.granted(keys[0], owner, int(token), heir)
-        return int(released)
+        return await _redis_handoff.release_lock(self, claim, keys, flag, tomb, heir, local,
+                                                 on_retry)
 
     async def listen(self, name: str, kind: Kind, waiter: Waiter) -> None:
         channel = self._base(name, kind)
@@ -496,20 +380,6 @@ _ERRORS: tuple[type[BaseException], ...] = (
 _KIND = {Kind.READ: "r", Kind.WRITE: "w", Kind.PERMIT: "p"}
 #: Kinds kept in a plain lock's keys and scripts (ACQUIRE/RELEASE, hand-offs to waiters).
 _HANDOFF = frozenset({Kind.LOCK, Kind.LEADER})
-
-
-class _Streak:
-    """Local hand-offs of one lock in a row while another process waits."""
-
-    __slots__ = ("count", "since")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.since = time.monotonic()
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class _Gate:
