@@ -114,10 +114,12 @@ local function registration(x)
   n = tonumber(n)
   return tonumber(ttl), string.sub(rest, 1, n), string.sub(rest, n + 1)
 end
+local function queue_ttl(wttl) return math.max(4 * wttl, 600000) end
 local function take(owner, ttl, info)
   local token = redis.call('incr', KEYS[2])
   redis.call('hset', KEYS[1], 'owner', owner, 'token', token, 'info', info, 'since', server_now())
   redis.call('pexpire', KEYS[1], ttl)
+  if token % 8 == 0 then redis.call('pexpire', KEYS[3], queue_ttl(ttl)) end
   return token
 end
 local function hand_over(announce)
@@ -194,10 +196,13 @@ if wttl > 0 then
     redis.call('set', KEYS[5], old, 'PX', math.max(60000, 2 * ttl))
     return {-1}
   end
-  if not old or not redis.call('lpos', KEYS[3], me) then
-    redis.call('rpush', KEYS[3], me)
+  -- the queue's expiry: set when it is made, by every refresh, and every 8th grant
+  -- (see take): a queue that never empties still never lapses under its waiters
+  if old and redis.call('lpos', KEYS[3], me) then
+    redis.call('pexpire', KEYS[3], queue_ttl(wttl))
+  elseif redis.call('rpush', KEYS[3], me) == 1 or old then
+    redis.call('pexpire', KEYS[3], queue_ttl(wttl))
   end
-  redis.call('pexpire', KEYS[3], math.max(2 * wttl, 600000))
   local refresh = math.floor(wttl / 3)
   if retry > refresh then retry = refresh end
 end

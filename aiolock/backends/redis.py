@@ -7,8 +7,11 @@ pipelined connection (:mod:`aiolock.backends._resp`) and pub/sub on ``redis.asyn
 both with every option of the URL (:mod:`aiolock.backends._redis_options`; where the
 lean connection cannot honour one, the scripts go through ``redis.asyncio`` too);
 built from a ``redis.asyncio`` client you pass in, everything goes through that client.
-Keys are ``<prefix>:lock:{<name>}...`` where the name is escaped (``%``, ``{``, ``}``
-percent-encoded) so the braces form a cluster hash tag covering every key of one lock.
+Keys are ``<prefix>:<family>:{<name>}...`` (family ``lock``, ``rw``, ``sem`` or
+``elect``) where the name is escaped (``%``, ``{``, ``}`` percent-encoded) so the braces
+form a cluster hash tag covering every key of one lock. Waiting on a plain lock or an
+election, and its hand-offs: :mod:`aiolock.backends._redis_handoff`; holder records,
+``scan``, revocation and ``proclaim``: :mod:`aiolock.backends._redis_admin`.
 
 Guarantees and limits: leases live on one Redis master. If it restarts without
 persistence, or fails over to a replica that missed the latest writes, a held lease can
