@@ -324,8 +324,13 @@ async def test_a_hand_off_carries_the_waiters_holder_record(r: Any) -> None:
     await run(r, ACQUIRE, keys("n", "a"), "a", 10_000, "0", 10_000, "in|box", "rec-a")
     await run(r, ACQUIRE, keys("n", "b"), "b", 10_000, "0", 10_000, "in|box", "rec|b")
     assert (await release_reply(r, "a"))[1] == b"b"
-    lock = await r.hmget("aiolock:lock:{n}", "owner", "info", "since")
-    assert lock[:2] == [b"b", b"rec|b"] and int(lock[2]) > 0
+    lock = await r.hmget("aiolock:lock:{n}", "owner", "info", "gttl", "since")
+    assert lock == [b"b", b"rec|b", b"10000", None]  # held for gttl - PTTL ms: no TIME
+    k = ["aiolock:lock:{n}", "aiolock:lock:{n}"]
+    assert await r.eval(RENEW.source, 2, *k, "h", "b", 10_000) == [10_000]
+    since = await r.hget("aiolock:lock:{n}", "since")  # the first renewal fixes it
+    held = (await run(r, INSPECT, keys("n", "-")))[6]
+    assert since is not None and 0 <= held < 1000
     await release(r, "b")
     await shared(r, "p1", "p", limit=2)
     record = await r.hget("aiolock:sem:{n}:ht", "p1")

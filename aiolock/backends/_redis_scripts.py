@@ -4,8 +4,10 @@ All scripts of one lock take the same KEYS, built by ``RedisBackend._keys`` and 
 the hash tag ``{<escaped name>}`` so they live in one cluster slot:
 
     KEYS[1]  lock hash        fields owner, token, info (the holder record, see
-                              ``aiolock._holder``), since (server ms of the grant);
-                              expires with the lease (PEXPIRE)
+                              ``aiolock._holder``) and when it was granted: since
+                              (server ms), or gttl (the lease's ms at the grant: held
+                              for gttl - PTTL ms, until the first renewal sets since,
+                              so a grant needs no TIME); expires with the lease
     KEYS[2]  token counter    INCR'ed per grant; never expires, so tokens never repeat
     KEYS[3]  queue            list of waiting owner ids, in arrival order
     KEYS[4]  queue deadlines  zset owner id -> server-clock ms after which the place lapses
@@ -56,6 +58,11 @@ LIB = """
 local function server_now()  -- ms on the server's clock
   local t = redis.call('time')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function held_ms(since, gttl, pttl)  -- how long a lock hash's holder has held it
+  if since then return server_now() - tonumber(since) end
+  if gttl and pttl >= 0 then return math.max(tonumber(gttl) - pttl, 0) end
+  return -1
 end
 local function release_marker(released)  -- RELEASE*: see RELEASE's ARGV[3], ARGV[4]
   if ARGV[3] ~= '1' and ARGV[4] ~= '0' then
@@ -117,7 +124,7 @@ end
 local function queue_ttl(wttl) return math.max(4 * wttl, 600000) end
 local function take(owner, ttl, info)
   local token = redis.call('incr', KEYS[2])
-  redis.call('hset', KEYS[1], 'owner', owner, 'token', token, 'info', info, 'since', server_now())
+  redis.call('hset', KEYS[1], 'owner', owner, 'token', token, 'info', info, 'gttl', ttl)
   redis.call('pexpire', KEYS[1], ttl)
   if token % 8 == 0 then redis.call('pexpire', KEYS[3], queue_ttl(ttl)) end
   return token
@@ -285,7 +292,11 @@ for i = 1, #KEYS / 2 do
   local base = key
   out[i] = 0
   if ARGV[3 * i - 2] == 'h' then
-    if redis.call('hget', key, 'owner') == owner then
+    local lock = redis.call('hmget', key, 'owner', 'since', 'gttl')
+    if lock[1] == owner then
+      if not lock[2] and lock[3] then  -- the first renewal: fix the grant's time
+        redis.call('hset', key, 'since', now - (tonumber(lock[3]) - redis.call('pttl', key)))
+      end
       redis.call('pexpire', key, ttl)
       out[i] = ttl
     end
@@ -311,12 +322,11 @@ return out
 #:           highest token ever given or -1, fair queue length,
 #:           holder record or '', ms held or -1}
 INSPECT = Script("inspect", LIB + """
-local lock = redis.call('hmget', KEYS[1], 'owner', 'token', 'info', 'since')
+local lock = redis.call('hmget', KEYS[1], 'owner', 'token', 'info', 'since', 'gttl')
 local last = tonumber(redis.call('get', KEYS[2]) or '-1')
-local held = -1
-if lock[4] then held = server_now() - tonumber(lock[4]) end
-return {lock[1] or '', tonumber(lock[2] or '-1'), redis.call('pttl', KEYS[1]), last,
-        redis.call('llen', KEYS[3]), lock[3] or '', held}
+local pttl = redis.call('pttl', KEYS[1])
+return {lock[1] or '', tonumber(lock[2] or '-1'), pttl, last, redis.call('llen', KEYS[3]),
+        lock[3] or '', held_ms(lock[4], lock[5], pttl)}
 """)
 
 #: ACQUIRE_SHARED -- grant a read lock, a write lock or a semaphore permit, or say how
@@ -445,7 +455,7 @@ return released
 #:           {record, ms held, record, ms held, ...} of the live shared holders}
 INSPECT_SHARED = Script("inspect_shared", LIB + """
 local now = server_now()
-local w = redis.call('hmget', KEYS[1], 'owner', 'token', 'info', 'since')
+local w = redis.call('hmget', KEYS[1], 'owner', 'token', 'info', 'since', 'gttl')
 local last = tonumber(redis.call('get', KEYS[2]) or '-1')
 local owners = redis.call('zrangebyscore', KEYS[6], '(' .. now, '+inf')
 local records = {}
@@ -459,10 +469,9 @@ end
 local lastend = redis.call('zrange', KEYS[6], -1, -1, 'WITHSCORES')
 local left = -1
 if lastend[2] and tonumber(lastend[2]) > now then left = tonumber(lastend[2]) - now end
-local held = -1
-if w[4] then held = now - tonumber(w[4]) end
-return {w[1] or '', tonumber(w[2] or '-1'), redis.call('pttl', KEYS[1]), last,
-        redis.call('llen', KEYS[3]), #owners, left, w[3] or '', held, records}
+local pttl = redis.call('pttl', KEYS[1])
+return {w[1] or '', tonumber(w[2] or '-1'), pttl, last, redis.call('llen', KEYS[3]), #owners,
+        left, w[3] or '', held_ms(w[4], w[5], pttl), records}
 """)
 
 
