@@ -110,7 +110,8 @@ end
 #:
 #: Lua helpers of ACQUIRE, RELEASE and REVOKE: ``registration(x)``, a waiter key's value
 #: -> ttl, inbox, holder record (nil for anything else: none, a tombstone, a marker);
-#: ``take(owner, ttl, info)`` grants KEYS[1] (a new token); ``hand_over(announce)`` grants
+#: ``take(owner, ttl, info, queued)`` grants KEYS[1] (a new token; every 8th grant from
+#: the queue also renews the queue's expiry); ``hand_over(announce)`` grants
 #: it to the first live registered waiter and tells its process (and, for an election,
 #: the observers on KEYS[1]): the new owner and its token, or nil if nobody waits.
 WAITER = """
@@ -122,11 +123,11 @@ local function registration(x)
   return tonumber(ttl), string.sub(rest, 1, n), string.sub(rest, n + 1)
 end
 local function queue_ttl(wttl) return math.max(4 * wttl, 600000) end
-local function take(owner, ttl, info)
+local function take(owner, ttl, info, queued)
   local token = redis.call('incr', KEYS[2])
   redis.call('hset', KEYS[1], 'owner', owner, 'token', token, 'info', info, 'gttl', ttl)
   redis.call('pexpire', KEYS[1], ttl)
-  if token % 8 == 0 then redis.call('pexpire', KEYS[3], queue_ttl(ttl)) end
+  if queued and token % 8 == 0 then redis.call('pexpire', KEYS[3], queue_ttl(ttl)) end
   return token
 end
 local function hand_over(announce)
@@ -134,7 +135,7 @@ local function hand_over(announce)
   while next do
     local ttl, inbox, info = registration(redis.call('get', KEYS[1] .. ':x:' .. next))
     if ttl then
-      local token = take(next, ttl, info)
+      local token = take(next, ttl, info, true)
       redis.call('publish', inbox, KEYS[1] .. '|' .. next .. '|' .. token)
       if announce then redis.call('publish', KEYS[1], '|') end
       return next, token
@@ -186,7 +187,7 @@ if not lock[1] then
       redis.call('lrem', KEYS[3], 1, me)
       redis.call('del', KEYS[5])
     end
-    local token = take(me, ttl, info)
+    local token = take(me, ttl, info, x or head)
     if ARGV[7] == '1' then redis.call('publish', KEYS[1], '|') end
     return {1, token, ttl}
   end
@@ -259,7 +260,7 @@ if ARGV[5] ~= '' and holder then
   local x = redis.call('get', KEYS[1] .. ':x:' .. ARGV[5])
   if not x or registration(x) then
     if x then redis.call('lrem', KEYS[3], 1, ARGV[5]) end
-    local token = take(ARGV[5], ARGV[6], ARGV[7] or '')
+    local token = take(ARGV[5], ARGV[6], ARGV[7] or '', x)
     if announce then redis.call('publish', KEYS[1], '|') end
     return {released, ARGV[5], token, redis.call('llen', KEYS[3])}
   end
