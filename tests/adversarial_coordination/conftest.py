@@ -19,15 +19,10 @@ from ..pg_server import PostgresServer
 
 HAVE_ETCD = importlib.util.find_spec("etcd3aio") is not None and shutil.which("etcd") is not None
 ETCD = ["etcd"] if HAVE_ETCD else []
-REDIS = ["redis", "redis-cluster", "redis-sentinel"]
-COORD_BACKENDS = ["memory", "postgres", "postgres-row", "mysql", "mysql-row", *ETCD, *REDIS]
+COORD_BACKENDS = ["memory", "postgres", "postgres-row", "mysql", "mysql-row", *ETCD]
 
 
 def _server_url(request: pytest.FixtureRequest, param: str) -> str:
-    if param.startswith("redis"):  # the servers tests/conftest.py starts
-        fixture = {"redis": "redis_server", "redis-cluster": "redis_cluster",
-                   "redis-sentinel": "redis_sentinel"}[param]
-        return str(request.getfixturevalue(fixture).url)
     if param.startswith("mysql"):
         my: MariaDBServer = request.getfixturevalue("mysql_server")
         return my.url + ("?mode=row" if param == "mysql-row" else "")
@@ -56,7 +51,7 @@ async def coord(coord_url: str) -> AsyncIterator[aiolock.Locks]:
         yield conn
 
 
-@pytest.fixture(params=["memory", "postgres", "mysql", *ETCD, *REDIS])
+@pytest.fixture(params=["memory", "postgres", "mysql", *ETCD])
 def elect_url(request: pytest.FixtureRequest) -> str:
     """Backends that declare ELECTION (checked in the tests)."""
     if request.param == "memory":
@@ -73,7 +68,7 @@ async def elocks(elect_url: str) -> AsyncIterator[aiolock.Locks]:
         yield conn
 
 
-@pytest.fixture(params=["postgres", "mysql", *ETCD, *REDIS])
+@pytest.fixture(params=["postgres", "mysql", *ETCD])
 def shared_url(request: pytest.FixtureRequest) -> str:
     """A server-backed ELECTION backend, shared across processes."""
     if request.param != "postgres":
@@ -88,16 +83,12 @@ SLOW_PARAMS: dict[str, set[str]] = {
     "test_local_waiter_gets_revoked_lock_at_next_renewal": {"mysql", "mysql-row", "etcd"},
     "test_holder_after_a_revoked_one_is_listed_and_revocable": {"postgres", "mysql", "etcd"},
     "test_observe_current_state_first_and_settles": {"mysql", "etcd"},
-    "test_at_most_one_leader_across_processes": {"mysql", "etcd", "redis"},
-    "test_sigstopped_leader_loses_and_is_cancelled_on_wake": {"mysql", "etcd", "redis"},
-    "test_paused_lone_leader_is_seen_vacant": {"mysql", "etcd", "redis"},
+    "test_at_most_one_leader_across_processes": {"mysql", "etcd"},
+    "test_sigstopped_leader_loses_and_is_cancelled_on_wake": {"mysql", "etcd"},
+    "test_paused_lone_leader_is_seen_vacant": {"mysql", "etcd"},
     "test_killed_leader_replaced_quickly": {"mysql"},
-    "test_killed_holders_record_does_not_come_back": {"mysql", "etcd", "redis"},
-    "test_many_processes_churn_and_observer_settles": {"redis"},
+    "test_killed_holders_record_does_not_come_back": {"mysql", "etcd"},
 }
-#: Backends whose every parametrization runs only with -m slow (they passed all of them;
-#: plain Redis runs by default and shares their scripts).
-SLOW_BACKENDS = {"redis-cluster", "redis-sentinel"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -105,6 +96,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "adversarial_coordination" not in str(item.path):
             continue
         base, _, param = item.name.partition("[")
-        param = param.rstrip("]")
-        if param in SLOW_PARAMS.get(base, ()) or param in SLOW_BACKENDS:
+        if param.rstrip("]") in SLOW_PARAMS.get(base, ()):
             item.add_marker(pytest.mark.slow)

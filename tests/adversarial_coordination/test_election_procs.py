@@ -104,8 +104,8 @@ async def test_killed_leader_replaced_quickly(shared_url: str) -> None:
             lead_b = await asyncio.to_thread(b.wait_line, "LEAD", 10)
             took = float(lead_b.split()[1]) - t0
             # README: PostgreSQL / MySQL replace a killed leader at once (its connection
-            # drops); etcd and Redis when its lease expires (ttl)
-            bound = 2.0 + 1.0 if shared_url.startswith(("etcd", "redis")) else 1.5
+            # drops); etcd when its lease expires (ttl)
+            bound = 2.0 + 1.0 if shared_url.startswith("etcd") else 1.5
             assert took < bound, f"new leader after {took:.2f} s"
             assert int(lead_b.split()[2]) > int(lead_a.split()[2])
             ldr = await el.leader()
