@@ -62,9 +62,10 @@ def cluster() -> Iterator[EtcdCluster]:
 
 
 def _keys(server: EtcdServer, url: str) -> list[str]:
+    """The claim keys under the URL's prefix (not the token keys, which stay)."""
     prefix = url.partition("prefix=")[2]
     out = server.etcdctl("get", "--prefix", "--keys-only", prefix + "/")
-    return [line for line in out.splitlines() if line.strip()]
+    return [line for line in out.splitlines() if line.strip() and not line.startswith(f"{prefix}/token/")]
 
 
 # -- URL and options -----------------------------------------------------------------------
@@ -134,6 +135,21 @@ async def test_tokens_are_create_revisions_and_increase(url: str, etcd: EtcdServ
         assert _keys(etcd, url) == []
 
 
+async def test_last_token_is_kept_once_the_name_is_free(url: str) -> None:
+    async with aiolock.connect(url) as locks:
+        assert (await locks.status("free")).last_token is None  # never locked
+        async with locks.lock("free") as lease:
+            pass
+        info = await locks.status("free")
+        assert not info.held and info.last_token == lease.token
+        async with locks.semaphore("free", limit=2) as permit:  # another family: its own
+            pass
+        assert (await locks.status("free")).last_token == lease.token
+        async with locks.lock("free") as again:
+            assert (await locks.status("free")).last_token == again.token > permit.token
+        assert (await locks.status("free")).last_token == again.token
+
+
 async def test_cancelled_acquires_leave_no_keys(url: str, etcd: EtcdServer) -> None:
     async with aiolock.connect(url) as locks:
         lock = locks.lock("x", ttl=10)
@@ -176,10 +192,10 @@ async def test_keepalives_share_one_stream(url: str) -> None:
         assert isinstance(backend, EtcdBackend)
         leases = [await locks.lock(f"n{i}", ttl=1).acquire() for i in range(20)]
         await asyncio.sleep(1.2)
-        stream = backend._keepalive
+        stream = backend._leases.stream
         assert stream is not None and stream.alive
         await asyncio.sleep(0.6)
-        assert backend._keepalive is stream  # the same one stream renewed them all
+        assert backend._leases.stream is stream  # the same one stream renewed them all
         assert not any(lease.lost for lease in leases)
         for lease in leases:
             await lease.release()
@@ -391,7 +407,7 @@ async def test_a_stale_spare_lease_is_replaced(url: str) -> None:
         assert isinstance(backend, EtcdBackend)
         lease = await locks.lock("s", ttl=1).acquire()
         await lease.release()  # its etcd lease is kept as a spare
-        pool = backend._spares[1]
+        pool = backend._leases.spares[1]
         assert pool
         await asyncio.sleep(1.6)  # expired on the server (1 s + the 0.5 s sweep)
         pool[:] = [(lid, time.monotonic(), ttl) for lid, _, ttl in pool]  # believed fresh

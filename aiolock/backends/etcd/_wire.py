@@ -4,6 +4,7 @@ channel, and one bidirectional stream fed from a queue."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import socket
 from collections.abc import AsyncIterator
@@ -69,6 +70,11 @@ class Stream:
         self._queue.put_nowait(None)
         self.call.cancel()
         self.reader.cancel()
+
+    async def aclose(self) -> None:
+        self.close()
+        with contextlib.suppress(BaseException):
+            await self.reader
 
 
 async def open_channel(
