@@ -414,3 +414,53 @@ async def test_a_stale_spare_lease_is_replaced(url: str) -> None:
         again = await locks.lock("s", ttl=1).acquire(timeout=2)  # the put finds no lease: a new one
         assert again.token > lease.token and not again.lost
         await again.release()
+
+
+async def test_an_expired_waiting_lease_does_not_hold_up_renewals() -> None:
+    """etcd answers a stream's keep-alives in order, and one for a lease that expired but
+    is not yet revoked waits for the revocation (1,000 a second, after a 0.5 s sweep):
+    behind a backlog of expired leases, one such keep-alive held up every renewal of the
+    connection for seconds. A waiting claim re-checked after its lease ran out must
+    not send one."""
+    from aiolock.abc import Busy, Claim, Granted, Kind
+
+    with contextlib.closing(EtcdServer().start()) as server:
+        url = f"{server.url}?prefix=hol"
+        holder, waiting = EtcdBackend.from_url(url), EtcdBackend.from_url(url)
+        try:
+            held = Claim("h", Kind.LOCK, uuid.uuid4().hex, ttl_ms=30_000)
+            mine = Claim("w", Kind.LOCK, uuid.uuid4().hex, ttl_ms=30_000)
+            assert isinstance(await holder.try_acquire(held), Granted)
+            assert isinstance(await waiting.try_acquire(mine), Granted)
+            # a backlog of leases to revoke, then our waiting claim's (ttl 1 s) after it
+            await _expired_lease_backlog(waiting, 5000)
+            waiter = _Waiter(Claim("h", Kind.LOCK, uuid.uuid4().hex, ttl_ms=1000))
+            await waiting.listen("h", Kind.LOCK, waiter)  # (not unattended: it waits)
+            assert isinstance(await waiting.try_acquire(waiter.claim), Busy)
+            await asyncio.sleep(1.3)  # its lease expired on the server, not yet revoked
+            started = time.monotonic()
+            assert isinstance(await waiting.try_acquire(waiter.claim), Busy)
+            renewed = await waiting.renew([mine])
+            assert time.monotonic() - started < 1.0
+            assert renewed[0] is not None and renewed[0] > 0
+        finally:
+            await holder.aclose()
+            await waiting.aclose()
+
+
+class _Waiter:
+    def __init__(self, claim: Any) -> None:
+        self.claim = claim
+
+    def wake(self, hint: str | None = None) -> None:
+        pass
+
+
+async def _expired_lease_backlog(backend: EtcdBackend, count: int) -> None:
+    from aiolock.backends.etcd._wire import pb
+
+    base = uuid.uuid4().int % 2**60
+    for i in range(0, count, 500):
+        await asyncio.gather(*(
+            backend._unary("Lease", "LeaseGrant", pb.LeaseGrantRequest(TTL=1, ID=base + j), "a grant")
+            for j in range(i, min(count, i + 500))))
