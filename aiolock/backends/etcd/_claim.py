@@ -19,6 +19,8 @@ class ClaimState:
     ``lease`` and ``rev``; ``watch`` is empty once ``granted``.
     """
 
+    #: our key (made once: the name is escaped)
+    key: bytes | None = None
     #: the etcd lease our key is attached to (ids are chosen here), None before a grant
     lease: int | None = None
     #: seconds the server granted the lease for, and when (monotonic) the request that

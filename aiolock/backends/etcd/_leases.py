@@ -45,7 +45,7 @@ class LeaseSession:
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self.stream: Stream | None = None
-        self._waiting: dict[int, collections.deque[asyncio.Future[int]]] = {}
+        self._waiting: dict[int, collections.deque[_Batch]] = {}
         #: lease seconds -> leases with no key on them: (id, last confirmed, ttl); granted
         #: ahead, or given back by a release (which deletes the key, not the lease). An
         #: acquire takes one and needs one request, not two.
@@ -64,24 +64,22 @@ class LeaseSession:
         return stream
 
     def _on_reply(self, response: Any) -> None:
-        futures = self._waiting.get(int(response.ID))
-        if futures:
-            future = futures.popleft()  # replies for one lease come in request order
-            if not futures:
+        batches = self._waiting.get(int(response.ID))
+        if batches:
+            batch = batches.popleft()  # replies for one lease come in request order
+            if not batches:
                 del self._waiting[int(response.ID)]
-            if not future.done():
-                future.set_result(int(response.TTL))
+            batch.answer(int(response.ID), int(response.TTL))
 
     def _ended(self, stream: Stream, error: BaseException | None) -> None:
         self._conn.note_stream_end(error)
         if self.stream is stream:
             self.stream = None
         waiting, self._waiting = self._waiting, {}
-        for futures in waiting.values():
-            for future in futures:
-                if not future.done():
-                    future.set_exception(BackendUnavailable(
-                        f"the etcd keep-alive stream to {self._conn.url} ended ({brief(error)})"))
+        failure = BackendUnavailable(f"the etcd keep-alive stream to {self._conn.url} ended ({brief(error)})")
+        for batches in waiting.values():
+            for batch in batches:
+                batch.fail(failure)
         if error is not None and not self._conn.closed:
             log.debug("etcd keep-alive stream ended: %s", brief(error))
 
@@ -90,28 +88,23 @@ class LeaseSession:
         later than ``until`` (monotonic), nor longer than the request timeout."""
         await self._conn.check_token()
         stream = self._stream()
-        loop = asyncio.get_running_loop()
-        futures = []
+        batch = _Batch(leases)
         for lease in leases:
-            future: asyncio.Future[int] = loop.create_future()
-            self._waiting.setdefault(lease, collections.deque()).append(future)
-            futures.append(future)
-            stream.send(pb.LeaseKeepAliveRequest(ID=lease))
-        wait = min(self._conn.request_timeout, until - time.monotonic())
+            self._waiting.setdefault(lease, collections.deque()).append(batch)
+        stream.send(*(pb.LeaseKeepAliveRequest(ID=lease) for lease in leases))
+        wait = max(0.0, min(self._conn.request_timeout, until - time.monotonic()))
         try:
-            async with asyncio.timeout(max(0.0, wait)):
-                return list(await asyncio.gather(*futures))
+            async with asyncio.timeout(wait):
+                return await batch.done
         except TimeoutError:
             if self.stream is stream:  # stuck (a member cut off, or a revocation): afresh
                 self.stream = None
                 stream.close()
             raise BackendUnavailable(
-                f"etcd at {self._conn.url} did not answer a keep-alive within {max(0.0, wait):.2f} s"
+                f"etcd at {self._conn.url} did not answer a keep-alive within {wait:.2f} s"
             ) from None
         finally:
-            for future in futures:
-                if not future.done():
-                    future.cancel()
+            batch.done.cancel()
 
     async def refresh(self, st: ClaimState) -> bool:
         """Keep one claim's lease alive now; False if it is gone or not surely alive (a
@@ -206,3 +199,27 @@ class LeaseSession:
                         self._conn.unary("Lease", "LeaseRevoke", pb.LeaseRevokeRequest(ID=lease), "a revoke")
                         for lease in spares), return_exceptions=True)
 
+
+class _Batch:
+    """The keep-alives sent together: done once each lease's reply came (a lease sent
+    twice in one batch counts twice)."""
+
+    __slots__ = ("_left", "_order", "_ttls", "done")
+
+    def __init__(self, leases: Sequence[int]) -> None:
+        self.done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        self._order = list(leases)
+        self._ttls: dict[int, int] = {}
+        self._left = len(self._order)
+        if not self._left:
+            self.done.set_result([])
+
+    def answer(self, lease: int, ttl: int) -> None:
+        self._ttls[lease] = ttl
+        self._left -= 1
+        if self._left == 0 and not self.done.done():
+            self.done.set_result([self._ttls[lease] for lease in self._order])
+
+    def fail(self, error: Exception) -> None:
+        if not self.done.done():
+            self.done.set_exception(error)

@@ -42,13 +42,15 @@ class Stream:
 
     async def _requests(self) -> AsyncIterator[Any]:
         while True:
-            item = await self._queue.get()
-            if item is None:
+            batch = await self._queue.get()
+            if batch is None:
                 return
-            yield item
+            for item in batch:
+                yield item
 
-    def send(self, request: Any) -> None:
-        self._queue.put_nowait(request)
+    def send(self, *requests: Any) -> None:
+        """Queue ``requests`` (one queue item for many: a batch costs one wake-up)."""
+        self._queue.put_nowait(requests)
 
     @property
     def alive(self) -> bool:
