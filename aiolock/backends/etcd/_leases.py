@@ -51,6 +51,7 @@ class LeaseSession:
         #: acquire takes one and needs one request, not two.
         self.spares: dict[int, list[tuple[int, float, int]]] = {}
         self._replenishing: set[int] = set()
+        self._last_reply = 0.0  # (monotonic) when the stream last answered anything
 
     # -- keep-alive stream ----------------------------------------------------------------
 
@@ -64,6 +65,7 @@ class LeaseSession:
         return stream
 
     def _on_reply(self, response: Any) -> None:
+        self._last_reply = time.monotonic()
         batches = self._waiting.get(int(response.ID))
         if batches:
             batch = batches.popleft()  # replies for one lease come in request order
@@ -92,12 +94,15 @@ class LeaseSession:
         for lease in leases:
             self._waiting.setdefault(lease, collections.deque()).append(batch)
         stream.send(*(pb.LeaseKeepAliveRequest(ID=lease) for lease in leases))
-        wait = max(0.0, min(self._conn.request_timeout, until - time.monotonic()))
+        since = time.monotonic()
+        wait = max(0.0, min(self._conn.request_timeout, until - since))
         try:
             async with asyncio.timeout(wait):
                 return await batch.done
         except TimeoutError:
-            if self.stream is stream:  # stuck (a member cut off, or a revocation): afresh
+            if self.stream is stream and self._last_reply < since:
+                # stuck, not slow (a member cut off, or a keep-alive waiting for a
+                # revocation): afresh; a slow stream keeps its other batches going
                 self.stream = None
                 stream.close()
             raise BackendUnavailable(
