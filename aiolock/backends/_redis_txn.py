@@ -1,0 +1,407 @@
+"""Redis without scripting: ``lock()`` as optimistic ``WATCH``/``MULTI``/``EXEC`` transactions.
+
+``redis://...?scripting=off`` builds :class:`RedisTxnBackend`; ``scripting=auto`` (the
+default) builds :class:`AutoRedisBackend`, which becomes a plain
+:class:`~aiolock.backends.redis.RedisBackend` at ``connect()`` (or its first request) if
+the server loads the Lua scripts, and a :class:`RedisTxnBackend` if it refuses them
+(``NOPERM``: an ACL user without ``@scripting``; ``unknown command``: scripting renamed
+away); ``scripting=on`` never falls back.
+
+The keys are the Lua path's (see :mod:`aiolock.backends._redis_scripts`), so a lock held
+through one path is held for the other: the lock hash ``<prefix>:lock:{<name>}`` (fields
+``owner``, ``token``; expires with the lease), the token counter ``...:seq`` (never
+expires) and, read only to hand the lock over, the Lua path's waiting queue ``...:q`` and
+waiter keys ``...:x:<owner>``. Each primitive is one transaction on a connection lent by
+the client's pool (every option of the URL applies to it):
+
+* acquire: ``WATCH`` the lock hash, the counter and the claim's waiter key, read them
+  (one round trip); if the lock is free, ``MULTI``, ``INCR`` the counter, ``HSET`` owner
+  and the token (the counter's value + 1: it is watched, so that is what ``INCR``
+  returns), ``PEXPIRE``, ``EXEC`` (a second). An aborted ``EXEC`` (another client changed
+  a watched key) is retried up to :data:`MAX_CONFLICTS` times, then answered
+  :class:`~aiolock.abc.Busy`: the core's waiting retries;
+* renew: ``WATCH`` every claim's hash, read their owners, ``PEXPIRE`` those still held in
+  one ``MULTI``/``EXEC``;
+* release: ``WATCH`` the hash, the counter and the queue; if this owner holds it, hand it
+  to the first live waiter of the Lua path (as its ``RELEASE`` does: new token, message
+  on that waiter's inbox), else ``DEL`` it and publish ``<owner>|`` on the lock's
+  channel, where the waiters of this path (and the Lua path's non-registering
+  listeners) listen;
+* abandon: the Lua path's tombstone on the claim's waiter key first (an acquire in
+  flight watches that key: it cannot grant after), then a release;
+* inspect: one ``MULTI``/``EXEC`` of reads.
+
+Trade-offs against the Lua path (docs/backends/redis-noscripting.md has figures): two
+round trips per uncontended acquisition instead of one; waiters are not registered on the
+server, so a release wakes every process waiting for the lock (each retries, one wins,
+the others' ``EXEC`` may abort); not fair; no read-write locks, semaphores, elections or
+holder records (the capabilities say so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import re
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, ClassVar
+
+from redis import exceptions as rexc
+
+from ..abc import Busy, Capability, Claim, Granted, Kind, LockInfo
+from ..errors import BackendUnavailable, LockError
+from ._redis_errors import CONNECTING, redis_error
+from .redis import TOMBSTONE_MS, RedisBackend
+
+__all__ = ["MAX_CONFLICTS", "AutoRedisBackend", "RedisTxnBackend", "scripting_class"]
+
+log = logging.getLogger("aiolock")
+
+#: Aborted ``EXEC`` in a row before an acquire answers Busy (a renewal or release raises).
+MAX_CONFLICTS = 5
+#: Seconds to wait (at most, jittered) before trying again after MAX_CONFLICTS aborts.
+CONFLICT_PAUSE = 0.005
+#: Queue entries a release looks at to find a live waiter of the Lua path.
+QUEUE_LOOK = 8
+
+_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError,
+                                            rexc.RedisError)
+#: A Lua waiter's registration (its waiter key's value): ``<lease ttl ms>|<inbox>``.
+_REGISTRATION = re.compile(r"^(\d+)\|(.+)$", re.DOTALL)
+_ABORTED = object()  # an EXEC that another client's write aborted
+
+
+class _Lent:
+    """One connection of the client's pool, lent for one transaction: commands go out
+    in batches (one round trip each); a connection left watching, inside ``MULTI`` or
+    with replies unread (an error, a cancellation) is closed, not given back as is."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._conn: Any = None
+        self._clean = True
+
+    async def __aenter__(self) -> _Lent:
+        self._conn = await self._pool.get_connection()
+        return self
+
+    async def run(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """Send ``commands`` at once, return their replies; an aborted EXEC's is _ABORTED."""
+        conn = self._conn
+        self._clean = False
+        await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+        replies = [await self._read() for _ in commands]
+        errors = [r for r in replies if isinstance(r, rexc.ResponseError)]
+        last = commands[-1][0]
+        self._clean = not errors and last in ("EXEC", "UNWATCH")
+        if errors:
+            raise errors[0]
+        if last == "EXEC":
+            if replies[-1] is None:
+                replies[-1] = _ABORTED
+            elif any(isinstance(r, rexc.ResponseError) for r in replies[-1]):
+                raise next(r for r in replies[-1] if isinstance(r, rexc.ResponseError))
+        return replies
+
+    async def _read(self) -> Any:
+        try:
+            return await self._conn.read_response()
+        except rexc.ResponseError as exc:
+            return exc
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await asyncio.shield(self._give_back(self._conn, drop=not self._clean))
+
+    async def _give_back(self, conn: Any, drop: bool) -> None:
+        try:
+            if drop:
+                await conn.disconnect(nowait=True)
+        finally:
+            await self._pool.release(conn)
+
+
+class RedisTxnBackend(RedisBackend):
+    """Plain locks on one Redis server without Lua: ``WATCH``/``MULTI``/``EXEC``.
+
+    ``aiolock.connect("redis://host:port/db?scripting=off")``, or automatically where the
+    server refuses scripts (see the module doc). ``lock()`` only, not fair.
+    """
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED}
+    )
+    handoffs = False  # waiters listen on the lock's own channel, not on an inbox
+    #: aborted ``EXEC`` (conflicts with another client) since this backend was made
+    conflicts: int = 0
+
+    def __init__(self, client: Any, **options: Any) -> None:
+        options["resp"] = None  # a pipelined connection cannot carry WATCH transactions
+        super().__init__(client, **options)
+
+    def _as_transactions(self) -> None:
+        """Lend connections of the client's pool from now on (also after a fallback)."""
+        self.ordered = False
+        self._resp = None
+        self._call = self._limited_call
+
+    async def connect(self) -> None:
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                await self._call("PING")
+        except _ERRORS as exc:
+            raise redis_error(exc, self._url, CONNECTING) from exc
+
+    @contextlib.asynccontextmanager
+    async def _tx_lent(self, what: str) -> AsyncIterator[_Lent]:
+        task = asyncio.current_task()
+        asked = task.cancelling() if task is not None else 0
+        async with self._in_flight:
+            try:
+                async with _Lent(self._client.connection_pool) as conn:
+                    yield conn
+            except _ERRORS as exc:
+                raise redis_error(exc, self._url, what) from exc
+        if task is not None and task.cancelling() > asked:
+            raise asyncio.CancelledError  # swallowed by a write on Python 3.11 (gh-86296)
+
+    # -- acquire --------------------------------------------------------------------------
+
+    async def try_acquire(self, claim: Claim) -> Granted | Busy:
+        if claim.kind is not Kind.LOCK:
+            raise LockError(f"{claim.kind.value} claims need Lua scripts ({self._url} runs "
+                            "without them: lock() only)")
+        base = self._base(claim.name)
+        seq, mine = base + ":seq", base + ":x:" + claim.owner
+        async with self._tx_lent("WATCH/MULTI/EXEC acquire") as conn:
+            for _ in range(MAX_CONFLICTS):
+                _, (owner, token), pttl, last, mark = await conn.run(
+                    ("WATCH", base, seq, mine), ("HMGET", base, "owner", "token"),
+                    ("PTTL", base), ("GET", seq), ("GET", mine),
+                )
+                if owner is not None or mark is not None:
+                    await conn.run(("UNWATCH",))
+                    if owner is not None and _text(owner) == claim.owner:
+                        return Granted(int(token), int(pttl))
+                    if mark is not None:
+                        raise LockError(f"claim on {claim.name!r} was abandoned")
+                    return Busy(max(int(pttl), 1) / 1000)
+                token = int(last or 0) + 1
+                *_, done = await conn.run(
+                    ("MULTI",), ("INCR", seq),
+                    ("HSET", base, "owner", claim.owner, "token", token),
+                    ("PEXPIRE", base, claim.ttl_ms), ("EXEC",),
+                )
+                if done is not _ABORTED:
+                    if int(done[0]) != token:
+                        raise LockError(f"token counter of {claim.name!r} moved under WATCH")
+                    return Granted(token, claim.ttl_ms)
+                self.conflicts += 1
+        return Busy(random.uniform(CONFLICT_PAUSE / 5, CONFLICT_PAUSE))
+
+    # -- renew ----------------------------------------------------------------------------
+
+    async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
+        if not claims:
+            return []
+        keys = [self._base(c.name, c.kind) for c in claims]
+        async with self._tx_lent("WATCH/MULTI/EXEC renew") as conn:
+            for _ in range(MAX_CONFLICTS):
+                _, *owners = await conn.run(("WATCH", *keys), *(("HGET", k, "owner") for k in keys))
+                held = [i for i, (c, o) in enumerate(zip(claims, owners, strict=True))
+                        if o is not None and _text(o) == c.owner]
+                if not held:
+                    await conn.run(("UNWATCH",))
+                    return [None] * len(claims)
+                *_, done = await conn.run(
+                    ("MULTI",), *(("PEXPIRE", keys[i], claims[i].ttl_ms) for i in held), ("EXEC",),
+                )
+                if done is not _ABORTED:
+                    out: list[int | None] = [None] * len(claims)
+                    for i, ok in zip(held, done, strict=True):
+                        out[i] = claims[i].ttl_ms if int(ok) else None
+                    return out
+                self.conflicts += 1
+        raise BackendUnavailable(f"renewals on {self._url} kept conflicting with other "
+                                 f"clients ({MAX_CONFLICTS} aborted EXEC)")
+
+    # -- release --------------------------------------------------------------------------
+
+    async def release(self, claim: Claim) -> bool:
+        base = self._base(claim.name)
+        noted = self.signals.note_local_release(base, claim.owner)
+        released = False
+        try:
+            released = await self._tx_release(claim)
+        finally:
+            if noted and not released:
+                self.signals.forget_local_release(claim.owner)  # nothing was published
+        return released
+
+    async def abandon(self, claim: Claim) -> None:
+        tomb = max(TOMBSTONE_MS, 2 * claim.ttl_ms)
+        mine = self._base(claim.name) + ":x:" + claim.owner
+        await self._tx_release(claim, first=("SET", mine, "a", "PX", tomb))
+
+    async def _tx_release(self, claim: Claim, first: tuple[Any, ...] | None = None) -> bool:
+        """Release ``claim`` if it holds (after ``first``, a command sent before the
+        WATCH): hand the lock to the Lua path's first live waiter, or free it."""
+        base = self._base(claim.name)
+        seq, queue = base + ":seq", base + ":q"
+        async with self._tx_lent("WATCH/MULTI/EXEC release") as conn:
+            for _ in range(2 * MAX_CONFLICTS):
+                ahead = (first,) if first is not None else ()
+                *_, owner, waiting, last = await conn.run(
+                    *ahead, ("WATCH", base, seq, queue), ("HGET", base, "owner"),
+                    ("LRANGE", queue, 0, QUEUE_LOOK - 1), ("GET", seq),
+                )
+                first = None
+                if owner is None or _text(owner) != claim.owner:
+                    await conn.run(("UNWATCH",))
+                    return False
+                plan = await self._tx_plan(conn, base, claim.owner, waiting, last)
+                *_, done = await conn.run(("MULTI",), *plan, ("EXEC",))
+                if done is not _ABORTED:
+                    return True
+                self.conflicts += 1
+        raise BackendUnavailable(f"the release of {claim.name!r} on {self._url} kept "
+                                 f"conflicting with other clients")
+
+    async def _tx_plan(
+        self, conn: _Lent, base: str, me: str, waiting: list[Any], last: Any,
+    ) -> list[tuple[Any, ...]]:
+        """The commands of a release inside MULTI: to the first live waiter of the Lua
+        path if any (its waiter key now watched too), else free."""
+        queue, plan = base + ":q", []
+        if waiting:
+            names = [_text(w) for w in waiting]
+            xkeys = [f"{base}:x:{w}" for w in names]
+            _, values = await conn.run(("WATCH", *xkeys), ("MGET", *xkeys))
+            for i, (name, value) in enumerate(zip(names, values, strict=True)):
+                found = _REGISTRATION.match(_text(value)) if value is not None else None
+                if found is None:
+                    continue
+                token = int(last or 0) + 1
+                return [
+                    ("LTRIM", queue, i + 1, -1), ("INCR", base + ":seq"),
+                    ("HSET", base, "owner", name, "token", token),
+                    ("PEXPIRE", base, int(found[1])),
+                    ("PUBLISH", found[2], f"{base}|{name}|{token}"),
+                ]
+            plan.append(("LTRIM", queue, len(names), -1))  # none alive among them
+        return [*plan, ("DEL", base), ("PUBLISH", base, f"{me}|")]
+
+    # -- inspect --------------------------------------------------------------------------
+
+    async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
+        if kind is not Kind.LOCK:
+            raise ValueError(f"{self._url} runs without Lua scripts: only lock() names can "
+                             f"be inspected, got kind {kind.value!r}")
+        base = self._base(name)
+        async with self._tx_lent("MULTI/EXEC inspect") as conn:
+            *_, done = await conn.run(
+                ("MULTI",), ("HMGET", base, "owner", "token"), ("PTTL", base),
+                ("GET", base + ":seq"), ("LLEN", base + ":q"), ("EXEC",),
+            )
+        (owner, token), pttl, last, queued = done
+        held = owner is not None
+        return LockInfo(
+            name, held, holders=int(held), token=int(token) if held else None,
+            last_token=int(last) if last is not None else None,
+            ttl_left=int(pttl) / 1000 if held and int(pttl) >= 0 else None, waiters=int(queued),
+        )
+
+
+class AutoRedisBackend(RedisBackend):
+    """``scripting=auto``: at ``connect()`` (or its first request) this object becomes a
+    :class:`RedisBackend` if the server loads the scripts, a :class:`RedisTxnBackend`
+    if it refuses them."""
+
+    def __init__(self, client: Any, **options: Any) -> None:
+        super().__init__(client, **options)
+        self._deciding = asyncio.Lock()
+
+    async def connect(self) -> None:
+        await self._decide()
+
+    async def try_acquire(self, claim: Claim) -> Granted | Busy:
+        await self._decide()
+        return await self.try_acquire(claim)  # the class it became
+
+    async def abandon(self, claim: Claim) -> None:
+        await self._decide()
+        await self.abandon(claim)
+
+    async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
+        await self._decide()
+        return await self.inspect(name, kind)
+
+    async def _decide(self) -> None:
+        async with self._deciding:
+            if type(self) is not AutoRedisBackend:
+                return  # decided meanwhile
+            try:
+                await RedisBackend.connect(self)  # loads the scripts on the lean connection
+                if not self.ordered:
+                    try:
+                        async with asyncio.timeout(self._connect_timeout):
+                            await self._load_scripts()
+                    except _ERRORS as exc:
+                        raise redis_error(exc, self._url, "SCRIPT LOAD") from exc
+            except LockError as exc:
+                if not _refuses_scripts(exc):
+                    raise
+                await self._fall_back(exc)
+                return
+            _become(self, RedisBackend)
+
+    async def _fall_back(self, refusal: LockError) -> None:
+        """Become a RedisTxnBackend, if the server lets this user run transactions
+        (else the refusal of the scripts is the error to show)."""
+        resp = self._resp
+        _become(self, RedisTxnBackend)
+        assert isinstance(self, RedisTxnBackend)
+        self._as_transactions()
+        if resp is not None:
+            await resp.aclose()
+        probe = self._base("-")
+        try:
+            async with self._tx_lent("WATCH/MULTI/EXEC") as conn:
+                await conn.run(("WATCH", probe), ("MULTI",), ("EXEC",))
+        except LockError:
+            _become(self, AutoRedisBackend)  # undecided: the next request asks again
+            raise refusal from refusal.__cause__
+        log.info("Redis at %s refuses Lua scripts (%s): lock() runs as WATCH/MULTI/EXEC "
+                 "transactions (not fair; no rwlock, semaphore or election)",
+                 self._url, refusal.__cause__ or refusal)
+
+
+def _refuses_scripts(exc: BaseException) -> bool:
+    """True if ``exc`` (or its cause) is the server refusing EVALSHA or SCRIPT LOAD."""
+    for error in (exc, exc.__cause__):
+        text = str(error).lower()
+        if (("noperm" in text or "no permissions" in text or "unknown command" in text)
+                and ("script" in text or "eval" in text)):
+            return True
+    return False
+
+
+def scripting_class(cls: type[RedisBackend], scripting: str) -> type[RedisBackend]:
+    """The class ``RedisBackend.from_url`` builds for ``?scripting=`` (on, off, auto)."""
+    if cls is not RedisBackend or scripting == "on":
+        if scripting == "off":
+            raise ValueError(f"scripting=off is for redis://, rediss:// and unix:// URLs "
+                             f"({cls.__name__} needs its scripts)")
+        return cls
+    return RedisTxnBackend if scripting == "off" else AutoRedisBackend
+
+
+def _become(backend: AutoRedisBackend, cls: type[RedisBackend]) -> None:
+    """Decided: ``backend`` is a ``cls`` from now on (both share RedisBackend's state)."""
+    backend.__class__ = cls  # type: ignore[assignment]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
