@@ -149,6 +149,8 @@ class RedlockBackend(Backend):
         # any other query option is a node's (RedisBackend checks it, and names it if bad)
         node_query = urlencode([(k, v) for k, v in pairs if k not in own and k != "ssl"])
         tls = node_options.pop("ssl", None)
+        if "scripting" in node_options or "scripting" in dict(pairs):  # issue 15: never off
+            raise ValueError("unknown option scripting for redlock:// (its nodes run Lua scripts)")
         if tls is None:
             tls = dict(pairs).get("ssl", "false").lower() in ("1", "true", "yes", "on")
 
@@ -181,7 +183,8 @@ class RedlockBackend(Backend):
         scheme = "rediss" if tls else "redis"
         tail = f"?{node_query}" if node_query else ""
         nodes = [RedisBackend.from_url(f"{scheme}://{auth}{node}/{db or 0}{tail}",
-                                       **options, **node_options) for node in where]
+                                       scripting="on", **options, **node_options)
+                 for node in where]
         safe = "redlock://" + ",".join(where) + (f"/{db}" if db else "")
         return cls(nodes, drift_factor=number("drift_factor", drift_factor, DEFAULT_DRIFT_FACTOR),
                    url=safe)
