@@ -12,7 +12,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -26,29 +26,22 @@ from aiolock.backends import _redis_txn
 from aiolock.backends._redis_txn import MAX_CONFLICTS, AutoRedisBackend, RedisTxnBackend
 from aiolock.backends.redis import RedisBackend
 
+from .adversarial.conftest import SECRET, acl_redis  # noqa: F401 -- a fixture
 from .adversarial.servers import PasswordRedis
 from .conftest import acquire_cancelled_after
 from .test_faults_redis import Procs
 
-SECRET = "n0-Lua-s3cr3t-pw"
-USERS = [
-    "default on nopass ~* &* +@all",
-    f"nolua on >{SECRET} ~* &* +@all -@scripting",
-    f"nothing on >{SECRET} ~* &* -@all +auth +hello +ping",
-]
-
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[PasswordRedis]:
-    srv = PasswordRedis(users=USERS).start()
-    yield srv
-    srv.close()
+def server(acl_redis: PasswordRedis) -> PasswordRedis:  # noqa: F811
+    """Users: default (everything), noscript (all but @scripting), nothing (no command)."""
+    return acl_redis
 
 
 @pytest.fixture
 def nolua(server: PasswordRedis) -> str:
     """The ACL user without @scripting: falls back on its own."""
-    return f"redis://nolua:{SECRET}@127.0.0.1:{server.port}/0"
+    return f"redis://noscript:{SECRET}@127.0.0.1:{server.port}/0"
 
 
 @pytest.fixture
