@@ -77,7 +77,7 @@ async def test_refused_scripts_fall_back_to_transactions(nolua: str, name: str) 
     async with asyncio.timeout(10), aiolock.connect(nolua) as locks:
         assert type(locks.backend) is RedisTxnBackend
         assert locks.capabilities == {Capability.EVENTS, Capability.EXPIRY,
-                                      Capability.DISTRIBUTED}
+                                      Capability.DISTRIBUTED, Capability.HOLDERS}
         for unsupported in (lambda: locks.rwlock(name), lambda: locks.semaphore(name, 2),
                             lambda: locks.lock(name, fair=True)):
             with pytest.raises(ValueError, match="not supported"):
@@ -299,7 +299,7 @@ async def test_conflicts_are_retried_then_busy(
     async def meddling(self: Any, *commands: tuple[Any, ...]) -> list[Any]:
         nonlocal writes
         replies = await run(self, *commands)
-        if commands[0][0] == "WATCH" and commands[-1][0] == "GET" and writes < 2 * MAX_CONFLICTS:
+        if commands[0][0] == "WATCH" and commands[1][0] == "HMGET" and writes < 2 * MAX_CONFLICTS:
             writes += 1
             await admin.incr(f"aiolock:lock:{{{name}}}:seq")  # a watched key changes
         return replies
@@ -349,6 +349,37 @@ async def test_release_wakes_a_waiter_of_the_other_path(off: str, lua: str, name
             assert time.monotonic() - started < 1.0
             assert second.token > lease.token
             await second.release()
+
+
+@pytest.mark.parametrize("fmt", ["v2", "v1"])
+async def test_release_hands_over_to_a_registered_waiter(
+    off: str, name: str, admin: Any, fmt: str,
+) -> None:
+    """The Lua path's queue as its scripts leave it, both registration formats (with and
+    without a holder record): a dead entry is skipped, the live one gets the lock, its
+    record and ttl, and one message on its inbox."""
+    base, inbox, record = f"aiolock:lock:{{{name}}}", f"inbox-{name}", '{"d":"w"}'
+    value = f"7000|{len(inbox)}|{inbox}{record}" if fmt == "v2" else f"7000|{inbox}"
+    await admin.rpush(base + ":q", "dead", "live", "after")
+    await admin.set(base + ":x:live", value, px=5000)
+    await admin.set(base + ":x:after", value, px=5000)
+    pubsub = admin.pubsub()
+    await pubsub.subscribe(inbox)
+    try:
+        async with asyncio.timeout(10), aiolock.connect(off) as locks:
+            lease = await locks.lock(name).acquire()
+            await lease.release()
+            owner, token, info = await admin.hmget(base, "owner", "token", "info")
+            assert (owner, int(token)) == ("live", lease.token + 1)
+            assert info == (record if fmt == "v2" else "")
+            assert 6000 < await admin.pttl(base) <= 7000
+            assert await admin.lrange(base + ":q", 0, -1) == ["after"]
+            message = None
+            while message is None or message["type"] != "message":
+                message = await pubsub.get_message(timeout=2)
+            assert message["data"] == f"{base}|live|{token}"
+    finally:
+        await pubsub.aclose()
 
 
 async def test_no_script_ever_runs_with_scripting_off(server: PasswordRedis, name: str) -> None:

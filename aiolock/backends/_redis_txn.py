@@ -9,17 +9,17 @@ away); ``scripting=on`` never falls back.
 
 The keys are the Lua path's (see :mod:`aiolock.backends._redis_scripts`), so a lock held
 through one path is held for the other: the lock hash ``<prefix>:lock:{<name>}`` (fields
-``owner``, ``token``; expires with the lease), the token counter ``...:seq`` (never
+``owner``, ``token``, ``info``, ``since``; expires with the lease), the token counter ``...:seq`` (never
 expires) and, read only to hand the lock over, the Lua path's waiting queue ``...:q`` and
 waiter keys ``...:x:<owner>``. Each primitive is one transaction on a connection lent by
 the client's pool (every option of the URL applies to it):
 
 * acquire: ``WATCH`` the lock hash, the counter and the claim's waiter key, read them
-  (one round trip); if the lock is free, ``MULTI``, ``INCR`` the counter, ``HSET`` owner
-  and the token (the counter's value + 1: it is watched, so that is what ``INCR``
-  returns), ``PEXPIRE``, ``EXEC`` (a second). An aborted ``EXEC`` (another client changed
-  a watched key) is retried up to :data:`MAX_CONFLICTS` times, then answered
-  :class:`~aiolock.abc.Busy`: the core's waiting retries;
+  and ``TIME`` (one round trip); if the lock is free, ``MULTI``, ``INCR`` the counter,
+  ``HSET`` owner, holder record and the token (the counter's value + 1: it is watched,
+  so that is what ``INCR`` returns), ``PEXPIRE``, ``EXEC`` (a second). An aborted
+  ``EXEC`` (another client changed a watched key) is retried up to :data:`MAX_CONFLICTS`
+  times, then answered :class:`~aiolock.abc.Busy`: the core's waiting retries;
 * renew: ``WATCH`` every claim's hash, read their owners, ``PEXPIRE`` those still held in
   one ``MULTI``/``EXEC``;
 * release: ``WATCH`` the hash, the counter and the queue; if this owner holds it, hand it
@@ -34,8 +34,10 @@ the client's pool (every option of the URL applies to it):
 Trade-offs against the Lua path (docs/backends/redis-noscripting.md has figures): two
 round trips per uncontended acquisition instead of one; waiters are not registered on the
 server, so a release wakes every process waiting for the lock (each retries, one wins,
-the others' ``EXEC`` may abort); not fair; no read-write locks, semaphores, elections or
-holder records (the capabilities say so).
+the others' ``EXEC`` may abort); not fair; no read-write locks, semaphores, elections,
+listing or revocation (the capabilities say so). Holder records are kept: the lock
+hash's ``info`` and ``since`` (server ms of the grant, from ``TIME``) fields, as the Lua
+path keeps them.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from typing import Any, ClassVar
 
 from redis import exceptions as rexc
 
+from .._holder import decode_holder
 from ..abc import Busy, Capability, Claim, Granted, Kind, LockInfo
 from ..errors import BackendUnavailable, LockError
 from ._redis_errors import CONNECTING, redis_error
@@ -68,8 +71,10 @@ QUEUE_LOOK = 8
 
 _ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError,
                                             rexc.RedisError)
-#: A Lua waiter's registration (its waiter key's value): ``<lease ttl ms>|<inbox>``.
-_REGISTRATION = re.compile(r"^(\d+)\|(.+)$", re.DOTALL)
+#: A Lua waiter's registration (its waiter key's value): ``<lease ttl ms>|<inbox length>|
+#: <inbox><holder record>``, or (aiolock before holder records) ``<lease ttl ms>|<inbox>``.
+_REGISTRATION = re.compile(r"^(\d+)\|(\d+)\|(.*)$", re.DOTALL)
+_REGISTRATION_V1 = re.compile(r"^(\d+)\|(.+)$", re.DOTALL)
 _ABORTED = object()  # an EXEC that another client's write aborted
 
 
@@ -130,7 +135,7 @@ class RedisTxnBackend(RedisBackend):
     """
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED}
+        {Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS}
     )
     handoffs = False  # waiters listen on the lock's own channel, not on an inbox
     #: aborted ``EXEC`` (conflicts with another client) since this backend was made
@@ -176,9 +181,9 @@ class RedisTxnBackend(RedisBackend):
         seq, mine = base + ":seq", base + ":x:" + claim.owner
         async with self._tx_lent("WATCH/MULTI/EXEC acquire") as conn:
             for _ in range(MAX_CONFLICTS):
-                _, (owner, token), pttl, last, mark = await conn.run(
+                _, (owner, token), pttl, last, mark, now = await conn.run(
                     ("WATCH", base, seq, mine), ("HMGET", base, "owner", "token"),
-                    ("PTTL", base), ("GET", seq), ("GET", mine),
+                    ("PTTL", base), ("GET", seq), ("GET", mine), ("TIME",),
                 )
                 if owner is not None or mark is not None:
                     await conn.run(("UNWATCH",))
@@ -190,7 +195,8 @@ class RedisTxnBackend(RedisBackend):
                 token = int(last or 0) + 1
                 *_, done = await conn.run(
                     ("MULTI",), ("INCR", seq),
-                    ("HSET", base, "owner", claim.owner, "token", token),
+                    ("HSET", base, "owner", claim.owner, "token", token, "info", claim.info,
+                     "since", _ms(now)),
                     ("PEXPIRE", base, claim.ttl_ms), ("EXEC",),
                 )
                 if done is not _ABORTED:
@@ -277,17 +283,18 @@ class RedisTxnBackend(RedisBackend):
         if waiting:
             names = [_text(w) for w in waiting]
             xkeys = [f"{base}:x:{w}" for w in names]
-            _, values = await conn.run(("WATCH", *xkeys), ("MGET", *xkeys))
+            _, values, now = await conn.run(("WATCH", *xkeys), ("MGET", *xkeys), ("TIME",))
             for i, (name, value) in enumerate(zip(names, values, strict=True)):
-                found = _REGISTRATION.match(_text(value)) if value is not None else None
+                found = _registration(value)
                 if found is None:
                     continue
+                ttl, inbox, info = found
                 token = int(last or 0) + 1
                 return [
                     ("LTRIM", queue, i + 1, -1), ("INCR", base + ":seq"),
-                    ("HSET", base, "owner", name, "token", token),
-                    ("PEXPIRE", base, int(found[1])),
-                    ("PUBLISH", found[2], f"{base}|{name}|{token}"),
+                    ("HSET", base, "owner", name, "token", token, "info", info,
+                     "since", _ms(now)),
+                    ("PEXPIRE", base, ttl), ("PUBLISH", inbox, f"{base}|{name}|{token}"),
                 ]
             plan.append(("LTRIM", queue, len(names), -1))  # none alive among them
         return [*plan, ("DEL", base), ("PUBLISH", base, f"{me}|")]
@@ -301,15 +308,17 @@ class RedisTxnBackend(RedisBackend):
         base = self._base(name)
         async with self._tx_lent("MULTI/EXEC inspect") as conn:
             *_, done = await conn.run(
-                ("MULTI",), ("HMGET", base, "owner", "token"), ("PTTL", base),
-                ("GET", base + ":seq"), ("LLEN", base + ":q"), ("EXEC",),
+                ("MULTI",), ("HMGET", base, "owner", "token", "info", "since"), ("PTTL", base),
+                ("GET", base + ":seq"), ("LLEN", base + ":q"), ("TIME",), ("EXEC",),
             )
-        (owner, token), pttl, last, queued = done
+        (owner, token, info, since), pttl, last, queued, now = done
         held = owner is not None
+        held_for = (_ms(now) - int(since)) / 1000 if since is not None else None
         return LockInfo(
             name, held, holders=int(held), token=int(token) if held else None,
             last_token=int(last) if last is not None else None,
             ttl_left=int(pttl) / 1000 if held and int(pttl) >= 0 else None, waiters=int(queued),
+            held_by=(decode_holder(info, held_for),) if held else (),
         )
 
 
@@ -400,6 +409,25 @@ def scripting_class(cls: type[RedisBackend], scripting: str) -> type[RedisBacken
 def _become(backend: AutoRedisBackend, cls: type[RedisBackend]) -> None:
     """Decided: ``backend`` is a ``cls`` from now on (both share RedisBackend's state)."""
     backend.__class__ = cls  # type: ignore[assignment]
+
+
+def _registration(value: Any) -> tuple[int, str, str] | None:
+    """A Lua waiter's registration -> (lease ttl ms, inbox, holder record); None for
+    anything else (no waiter key, a tombstone, a release or revocation mark)."""
+    if value is None:
+        return None
+    text = _text(value)
+    found = _REGISTRATION.match(text)
+    if found is not None and int(found[2]) <= len(found[3]):
+        n = int(found[2])
+        return int(found[1]), found[3][:n], found[3][n:]
+    old = _REGISTRATION_V1.match(text)
+    return (int(old[1]), old[2], "") if old is not None else None
+
+
+def _ms(time_reply: Any) -> int:
+    """A ``TIME`` reply (seconds, microseconds) in milliseconds."""
+    return int(time_reply[0]) * 1000 + int(time_reply[1]) // 1000
 
 
 def _text(value: Any) -> str:
