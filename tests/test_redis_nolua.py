@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -380,6 +381,34 @@ async def test_release_hands_over_to_a_registered_waiter(
             assert message["data"] == f"{base}|live|{token}"
     finally:
         await pubsub.aclose()
+
+
+#: The least-privilege ACL of the transaction path, as docs/backends/redis-noscripting.md
+#: gives it (the words after ``user NAME on >PASSWORD``).
+LEAST = ("~aiolock:* resetchannels &aiolock:* -@all +ping +watch +unwatch +multi "
+         "+exec +get +set +mget +incr +del +hget +hmget +hset +pttl +pexpire +lrange +ltrim "
+         "+llen +time +publish +subscribe +unsubscribe")
+
+
+def test_least_privileges_are_documented() -> None:
+    doc = Path(__file__).resolve().parents[1] / "docs" / "backends" / "redis-noscripting.md"
+    assert f"user aiolock-tx on >PASSWORD {LEAST}" in doc.read_text()
+
+
+async def test_least_privileges(server: PasswordRedis, admin: Any, name: str) -> None:
+    user = f"tx-{uuid.uuid4().hex[:8]}"
+    await admin.execute_command("ACL", "SETUSER", user, "reset", "on", f">{SECRET}",
+                                *LEAST.split())
+    url = f"redis://{user}:{SECRET}@127.0.0.1:{server.port}/0?scripting=off"
+    async with asyncio.timeout(15), aiolock.connect(url) as locks, \
+            aiolock.connect(url) as other:
+        async with locks.lock(name, ttl=0.6) as lease:
+            waiting = asyncio.create_task(other.lock(name).acquire(timeout=5))
+            await asyncio.sleep(0.5)  # a renewal; the waiter subscribed
+            assert (await locks.status(name)).held_by[0].pid == os.getpid()
+        second = await waiting
+        assert second.token > lease.token
+        await second.release()
 
 
 async def test_no_script_ever_runs_with_scripting_off(server: PasswordRedis, name: str) -> None:

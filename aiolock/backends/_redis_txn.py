@@ -187,8 +187,8 @@ class RedisTxnBackend(RedisBackend):
                 )
                 if owner is not None or mark is not None:
                     await conn.run(("UNWATCH",))
-                    if owner is not None and _text(owner) == claim.owner:
-                        return Granted(int(token), int(pttl))
+                    if owner is not None and _text(owner) == claim.owner and int(pttl) > 0:
+                        return Granted(int(token), int(pttl))  # (it may expire between reads)
                     if mark is not None:
                         raise LockError(f"claim on {claim.name!r} was abandoned")
                     return Busy(max(int(pttl), 1) / 1000)
