@@ -9,11 +9,12 @@ it the Lua scripts, on the same keys -- so the two paths are tested against each
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from aiolock.backends.redis import RedisBackend
 from .adversarial.conftest import SECRET, acl_redis  # noqa: F401 -- a fixture
 from .adversarial.servers import PasswordRedis
 from .conftest import acquire_cancelled_after
+from .servers import RedisServer
 from .test_faults_redis import Procs
 
 
@@ -316,6 +318,66 @@ async def test_conflicts_are_retried_then_busy(
         assert backend.conflicts == 2 * MAX_CONFLICTS
         assert lease.token == int(await admin.get(f"aiolock:lock:{{{name}}}:seq"))
         await lease.release()
+
+
+# -- faults --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    """A private redis-server, for tests that pause or restart it."""
+    srv = RedisServer().start()
+    try:
+        yield srv
+    finally:
+        with contextlib.suppress(Exception):
+            srv.resume()
+        srv.close()
+
+
+async def test_paused_server_lease_lost_and_acquire_bounded(
+    own_server: RedisServer, name: str,
+) -> None:
+    """A silent server: the held lease is lost within its ttl (its renewals time out),
+    an acquire gives up within its timeout; once resumed, the lock works again."""
+    async with aiolock.connect(own_server.url + "?scripting=off", request_timeout=0.5,
+                               connect_timeout=0.5) as locks:
+        lease = await locks.lock(name, ttl=1.0, on_lost="raise").acquire()
+        own_server.pause()
+        paused = time.monotonic()
+        try:
+            await asyncio.wait_for(lease.wait_lost(), 2.0)
+            assert time.monotonic() - paused <= 1.3, "believed past its ttl (+ loop lag)"
+            started = time.monotonic()
+            with pytest.raises((aiolock.LockTimeout, aiolock.BackendUnavailable)):
+                await locks.lock(name + "x").acquire(timeout=0.5)
+            assert time.monotonic() - started < 1.5
+        finally:
+            own_server.resume()
+        again = await locks.lock(name, ttl=5).acquire(timeout=3)  # the old lease expired
+        assert again.token > lease.token
+        await again.release()
+
+
+async def test_killed_connections_and_restart(own_server: RedisServer, name: str) -> None:
+    """Every client connection killed under a held lease: the next renewal reconnects
+    (the lease stays); a restart without persistence loses it at the next renewal."""
+    admin = aioredis.Redis(port=own_server.port)
+    try:
+        async with asyncio.timeout(20), aiolock.connect(own_server.url + "?scripting=off") as locks:
+            lease = await locks.lock(name, ttl=0.9, on_lost="raise").acquire()
+            await admin.client_kill_filter(_type="normal", skipme=True)
+            await asyncio.sleep(0.9)  # renewals after the kill
+            assert not lease.lost
+            await lease.release()
+            assert not (await locks.status(name)).held
+            lease = await locks.lock(name, ttl=0.9, on_lost="raise").acquire()
+            own_server.restart()
+            await asyncio.wait_for(lease.wait_lost(), 3.0)
+            again = await locks.lock(name).acquire(timeout=3)
+            await again.release()
+    finally:
+        await admin.aclose()
 
 
 # -- the two paths on the same keys ------------------------------------------------------
