@@ -23,7 +23,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import aiolock
-from aiolock.abc import Busy, Capability, Claim, Granted, Kind
+from aiolock.abc import REVOKED, Busy, Capability, Claim, Granted, Kind
 from aiolock.backends import _redis_txn
 from aiolock.backends._redis_txn import MAX_CONFLICTS, AutoRedisBackend, RedisTxnBackend
 from aiolock.backends.redis import RedisBackend
@@ -258,6 +258,22 @@ async def test_release_only_by_the_owner(off: str, name: str) -> None:
         assert await backend.release(mine) is True
         assert await backend.release(mine) is False
         assert not (await backend.inspect(name)).held
+
+
+async def test_revoked_by_an_operator_is_told(off: str, name: str, admin: Any) -> None:
+    """The Lua path's revocation (the lock deleted, the holder's waiter key marked 'v'):
+    the renewal says REVOKED, not merely gone."""
+    async with asyncio.timeout(10), aiolock.connect(off) as locks:
+        backend = locks.backend
+        revoked, gone, kept = _claim(name), _claim(name + "g"), _claim(name + "k")
+        for claim in (revoked, gone, kept):
+            assert isinstance(await backend.try_acquire(claim), Granted)
+        base = f"aiolock:lock:{{{name}}}"
+        await admin.delete(base, f"aiolock:lock:{{{name}g}}")
+        await admin.set(f"{base}:x:{revoked.owner}", "v", px=60_000)
+        assert await backend.renew([revoked, gone, kept]) == [REVOKED, None, kept.ttl_ms]
+        assert await backend.renew([revoked]) == [REVOKED]
+        await backend.release(kept)
 
 
 async def test_abandoned_claim_cannot_be_granted(off: str, name: str) -> None:

@@ -53,7 +53,7 @@ from typing import Any, ClassVar
 from redis import exceptions as rexc
 
 from .._holder import decode_holder
-from ..abc import Busy, Capability, Claim, Granted, Kind, LockInfo
+from ..abc import REVOKED, Busy, Capability, Claim, Granted, Kind, LockInfo
 from ..errors import BackendUnavailable, LockError
 from ._redis_errors import CONNECTING, redis_error
 from .redis import TOMBSTONE_MS, RedisBackend
@@ -217,18 +217,24 @@ class RedisTxnBackend(RedisBackend):
                 _, *owners = await conn.run(("WATCH", *keys), *(("HGET", k, "owner") for k in keys))
                 held = [i for i, (c, o) in enumerate(zip(claims, owners, strict=True))
                         if o is not None and _text(o) == c.owner]
+                out: list[int | None] = [None] * len(claims)
                 if not held:
                     await conn.run(("UNWATCH",))
-                    return [None] * len(claims)
-                *_, done = await conn.run(
-                    ("MULTI",), *(("PEXPIRE", keys[i], claims[i].ttl_ms) for i in held), ("EXEC",),
-                )
-                if done is not _ABORTED:
-                    out: list[int | None] = [None] * len(claims)
+                else:
+                    *_, done = await conn.run(("MULTI",), *(
+                        ("PEXPIRE", keys[i], claims[i].ttl_ms) for i in held), ("EXEC",))
+                    if done is _ABORTED:
+                        self.conflicts += 1
+                        continue
                     for i, ok in zip(held, done, strict=True):
                         out[i] = claims[i].ttl_ms if int(ok) else None
-                    return out
-                self.conflicts += 1
+                if len(held) < len(claims):  # lost: revoked by an operator (the Lua path)?
+                    gone = [i for i, ms in enumerate(out) if ms is None]
+                    marks, _ = await conn.run(("MGET", *(f"{keys[i]}:x:{claims[i].owner}"
+                                                         for i in gone)), ("UNWATCH",))
+                    for i, mark in zip(gone, marks, strict=True):
+                        out[i] = REVOKED if mark is not None and _text(mark) == "v" else None
+                return out
         raise BackendUnavailable(f"renewals on {self._url} kept conflicting with other "
                                  f"clients ({MAX_CONFLICTS} aborted EXEC)")
 
