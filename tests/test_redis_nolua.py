@@ -402,13 +402,18 @@ async def test_killed_connections_and_restart(own_server: RedisServer, name: str
 async def test_each_path_sees_the_other(off: str, lua: str, name: str) -> None:
     async with asyncio.timeout(15), aiolock.connect(off) as tx, aiolock.connect(lua) as ls:
         tokens = []
+        records = Capability.HOLDERS in ls.capabilities  # the Lua path keeps them (issue 12)
         for holder, other in ((tx, ls), (ls, tx), (tx, ls)):
-            lease = await holder.lock(name).acquire()
+            label = type(holder.backend).__name__
+            lease = await holder.lock(name, data=label).acquire()
             tokens.append(lease.token)
             with pytest.raises(aiolock.LockTimeout):
-                await other.lock(name).acquire(timeout=0)
+                await asyncio.create_task(other.lock(name).acquire(timeout=0))
             info = await other.status(name)
             assert info.held and info.token == lease.token
+            if records:
+                assert [h.data for h in info.held_by] == [label]
+                assert info.held_by[0].since is not None and info.held_by[0].since < 5
             await lease.release()
         assert tokens == sorted(set(tokens))
 
