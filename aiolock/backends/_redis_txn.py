@@ -243,12 +243,12 @@ class RedisTxnBackend(RedisBackend):
     async def release(self, claim: Claim) -> bool:
         base = self._base(claim.name)
         noted = self.signals.note_local_release(base, claim.owner)
-        released = False
+        released = freed = False
         try:
-            released = await self._tx_release(claim)
+            released, freed = await self._tx_release(claim)
         finally:
-            if noted and not released:
-                self.signals.forget_local_release(claim.owner)  # nothing was published
+            if noted and not freed:
+                self.signals.forget_local_release(claim.owner)  # nothing on the lock's channel
         return released
 
     async def abandon(self, claim: Claim) -> None:
@@ -256,9 +256,12 @@ class RedisTxnBackend(RedisBackend):
         mine = self._base(claim.name) + ":x:" + claim.owner
         await self._tx_release(claim, first=("SET", mine, "a", "PX", tomb))
 
-    async def _tx_release(self, claim: Claim, first: tuple[Any, ...] | None = None) -> bool:
+    async def _tx_release(
+        self, claim: Claim, first: tuple[Any, ...] | None = None,
+    ) -> tuple[bool, bool]:
         """Release ``claim`` if it holds (after ``first``, a command sent before the
-        WATCH): hand the lock to the Lua path's first live waiter, or free it."""
+        WATCH): hand the lock to the Lua path's first live waiter, or free it and say so
+        on the lock's channel. (released, freed)."""
         base = self._base(claim.name)
         seq, queue = base + ":seq", base + ":q"
         async with self._tx_lent("WATCH/MULTI/EXEC release") as conn:
@@ -271,11 +274,11 @@ class RedisTxnBackend(RedisBackend):
                 first = None
                 if owner is None or _text(owner) != claim.owner:
                     await conn.run(("UNWATCH",))
-                    return False
+                    return False, False
                 plan = await self._tx_plan(conn, base, claim.owner, waiting, last)
                 *_, done = await conn.run(("MULTI",), *plan, ("EXEC",))
                 if done is not _ABORTED:
-                    return True
+                    return True, plan[-1][1] == base
                 self.conflicts += 1
         raise BackendUnavailable(f"the release of {claim.name!r} on {self._url} kept "
                                  f"conflicting with other clients")
