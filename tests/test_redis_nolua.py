@@ -76,8 +76,12 @@ def _claim(name: str, ttl_ms: int = 5000) -> Claim:
 # -- choosing the path -------------------------------------------------------------------
 
 
-async def test_refused_scripts_fall_back_to_transactions(nolua: str, name: str) -> None:
-    async with asyncio.timeout(10), aiolock.connect(nolua) as locks:
+@pytest.mark.parametrize("query", ["", "?health_check_interval=30"], ids=["lean", "redis-py"])
+async def test_refused_scripts_fall_back_to_transactions(
+    nolua: str, name: str, query: str,
+) -> None:
+    """On aiolock's own connection, or through redis.asyncio (an option only it honours)."""
+    async with asyncio.timeout(10), aiolock.connect(nolua + query) as locks:
         assert type(locks.backend) is RedisTxnBackend
         assert locks.capabilities == {Capability.EVENTS, Capability.EXPIRY,
                                       Capability.DISTRIBUTED, Capability.HOLDERS}
