@@ -34,7 +34,7 @@ from _common import fmt
 from _redis import RedisServer, RequestCounter
 
 import aiolock
-from aiolock.backends import _redis_txn
+from aiolock.backends import _redis_lend
 
 TTL = 30.0
 WAITERS = 32
@@ -70,7 +70,7 @@ async def requests_per_cycle(server: RedisServer, admin: Any, url: str,
                              cycles: int) -> tuple[float, float]:
     """(round trips, server commands) per acquire+release cycle."""
     batches = 0
-    run = _redis_txn._Lent.run
+    run = _redis_lend.Lent.run
 
     async def counted(self: Any, *commands: tuple[Any, ...]) -> list[Any]:
         nonlocal batches
@@ -80,13 +80,13 @@ async def requests_per_cycle(server: RedisServer, admin: Any, url: str,
     async with aiolock.connect(url) as locks:
         lock = locks.lock("bench:nolua:b", ttl=TTL)
         await (await lock.acquire()).release()
-        _redis_txn._Lent.run = counted  # type: ignore[method-assign]
+        _redis_lend.Lent.run = counted  # type: ignore[method-assign]
         try:
             async with RequestCounter(server, admin) as counter:
                 for _ in range(cycles):
                     await (await lock.acquire()).release()
         finally:
-            _redis_txn._Lent.run = run  # type: ignore[method-assign]
+            _redis_lend.Lent.run = run  # type: ignore[method-assign]
     commands = sum(counter.requests.values()) / cycles
     trips = batches / cycles if batches else commands  # the Lua path: one EVALSHA each
     return trips, commands

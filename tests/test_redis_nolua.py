@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 
 import aiolock
 from aiolock.abc import REVOKED, Busy, Capability, Claim, Granted, Kind
-from aiolock.backends import _redis_txn
+from aiolock.backends import _redis_lend
 from aiolock.backends._redis_txn import MAX_CONFLICTS, AutoRedisBackend, RedisTxnBackend
 from aiolock.backends.redis import RedisBackend
 
@@ -316,7 +316,7 @@ async def test_conflicts_are_retried_then_busy(
 ) -> None:
     """Another client writes between every WATCH and EXEC: MAX_CONFLICTS aborted EXEC,
     then Busy (the core waits and retries); once the writes stop, it is granted."""
-    run = _redis_txn._Lent.run
+    run = _redis_lend.Lent.run
     writes = 0
 
     async def meddling(self: Any, *commands: tuple[Any, ...]) -> list[Any]:
@@ -327,7 +327,7 @@ async def test_conflicts_are_retried_then_busy(
             await admin.incr(f"aiolock:lock:{{{name}}}:seq")  # a watched key changes
         return replies
 
-    monkeypatch.setattr(_redis_txn._Lent, "run", meddling)
+    monkeypatch.setattr(_redis_lend.Lent, "run", meddling)
     async with asyncio.timeout(10), aiolock.connect(off) as locks:
         backend = locks.backend
         assert isinstance(backend, RedisTxnBackend)

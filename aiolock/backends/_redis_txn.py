@@ -56,6 +56,8 @@ from .._holder import decode_holder
 from ..abc import REVOKED, Busy, Capability, Claim, Granted, Kind, LockInfo
 from ..errors import BackendUnavailable, LockError
 from ._redis_errors import CONNECTING, redis_error
+from ._redis_lend import ABORTED, Connections, Lent
+from ._resp import RespClient, ResponseError
 from .redis import TOMBSTONE_MS, RedisBackend
 
 __all__ = ["MAX_CONFLICTS", "AutoRedisBackend", "RedisTxnBackend", "scripting_class"]
@@ -68,63 +70,17 @@ MAX_CONFLICTS = 5
 CONFLICT_PAUSE = 0.005
 #: Queue entries a release looks at to find a live waiter of the Lua path.
 QUEUE_LOOK = 8
+#: Transactions at once for renewals, releases and abandons: they never queue behind
+#: acquisitions (at most MAX_IN_FLIGHT at once), which a burst of thousands would make
+#: wait past the leases' expiry.
+URGENT = 16
 
 _ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError,
-                                            rexc.RedisError)
+                                            rexc.RedisError, ResponseError)
 #: A Lua waiter's registration (its waiter key's value): ``<lease ttl ms>|<inbox length>|
 #: <inbox><holder record>``, or (aiolock before holder records) ``<lease ttl ms>|<inbox>``.
 _REGISTRATION = re.compile(r"^(\d+)\|(\d+)\|(.*)$", re.DOTALL)
 _REGISTRATION_V1 = re.compile(r"^(\d+)\|(.+)$", re.DOTALL)
-_ABORTED = object()  # an EXEC that another client's write aborted
-
-
-class _Lent:
-    """One connection of the client's pool, lent for one transaction: commands go out
-    in batches (one round trip each); a connection left watching, inside ``MULTI`` or
-    with replies unread (an error, a cancellation) is closed, not given back as is."""
-
-    def __init__(self, pool: Any) -> None:
-        self._pool = pool
-        self._conn: Any = None
-        self._clean = True
-
-    async def __aenter__(self) -> _Lent:
-        self._conn = await self._pool.get_connection()
-        return self
-
-    async def run(self, *commands: tuple[Any, ...]) -> list[Any]:
-        """Send ``commands`` at once, return their replies; an aborted EXEC's is _ABORTED."""
-        conn = self._conn
-        self._clean = False
-        await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
-        replies = [await self._read() for _ in commands]
-        errors = [r for r in replies if isinstance(r, rexc.ResponseError)]
-        last = commands[-1][0]
-        self._clean = not errors and last in ("EXEC", "UNWATCH")
-        if errors:
-            raise errors[0]
-        if last == "EXEC":
-            if replies[-1] is None:
-                replies[-1] = _ABORTED
-            elif any(isinstance(r, rexc.ResponseError) for r in replies[-1]):
-                raise next(r for r in replies[-1] if isinstance(r, rexc.ResponseError))
-        return replies
-
-    async def _read(self) -> Any:
-        try:
-            return await self._conn.read_response()
-        except rexc.ResponseError as exc:
-            return exc
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await asyncio.shield(self._give_back(self._conn, drop=not self._clean))
-
-    async def _give_back(self, conn: Any, drop: bool) -> None:
-        try:
-            if drop:
-                await conn.disconnect(nowait=True)
-        finally:
-            await self._pool.release(conn)
 
 
 class RedisTxnBackend(RedisBackend):
@@ -142,14 +98,23 @@ class RedisTxnBackend(RedisBackend):
     conflicts: int = 0
 
     def __init__(self, client: Any, **options: Any) -> None:
-        options["resp"] = None  # a pipelined connection cannot carry WATCH transactions
+        lean = options.get("resp")
+        options["resp"] = None  # one pipelined connection cannot carry WATCH transactions
         super().__init__(client, **options)
+        self._as_transactions(lean)
 
-    def _as_transactions(self) -> None:
-        """Lend connections of the client's pool from now on (also after a fallback)."""
+    def _as_transactions(self, lean: RespClient | None) -> None:
+        """Transactions from now on (also after a fallback), each on a connection of its
+        own: like ``lean`` (its settings, not itself) if given, else of the client's pool."""
         self.ordered = False
         self._resp = None
         self._call = self._limited_call
+        self._urgent = asyncio.Semaphore(URGENT)
+        self._connections = Connections(self._client, lean)
+
+    async def aclose(self) -> None:
+        await self._connections.aclose()
+        await super().aclose()
 
     async def connect(self) -> None:
         try:
@@ -159,12 +124,12 @@ class RedisTxnBackend(RedisBackend):
             raise redis_error(exc, self._url, CONNECTING) from exc
 
     @contextlib.asynccontextmanager
-    async def _tx_lent(self, what: str) -> AsyncIterator[_Lent]:
+    async def _tx_lent(self, what: str, urgent: bool = False) -> AsyncIterator[Lent]:
         task = asyncio.current_task()
         asked = task.cancelling() if task is not None else 0
-        async with self._in_flight:
+        async with self._urgent if urgent else self._in_flight:
             try:
-                async with _Lent(self._client.connection_pool) as conn:
+                async with Lent(self._connections) as conn:
                     yield conn
             except _ERRORS as exc:
                 raise redis_error(exc, self._url, what) from exc
@@ -199,7 +164,7 @@ class RedisTxnBackend(RedisBackend):
                      "since", _ms(now)),
                     ("PEXPIRE", base, claim.ttl_ms), ("EXEC",),
                 )
-                if done is not _ABORTED:
+                if done is not ABORTED:
                     if int(done[0]) != token:
                         raise LockError(f"token counter of {claim.name!r} moved under WATCH")
                     return Granted(token, claim.ttl_ms)
@@ -212,7 +177,7 @@ class RedisTxnBackend(RedisBackend):
         if not claims:
             return []
         keys = [self._base(c.name, c.kind) for c in claims]
-        async with self._tx_lent("WATCH/MULTI/EXEC renew") as conn:
+        async with self._tx_lent("WATCH/MULTI/EXEC renew", urgent=True) as conn:
             for _ in range(MAX_CONFLICTS):
                 _, *owners = await conn.run(("WATCH", *keys), *(("HGET", k, "owner") for k in keys))
                 held = [i for i, (c, o) in enumerate(zip(claims, owners, strict=True))
@@ -223,7 +188,7 @@ class RedisTxnBackend(RedisBackend):
                 else:
                     *_, done = await conn.run(("MULTI",), *(
                         ("PEXPIRE", keys[i], claims[i].ttl_ms) for i in held), ("EXEC",))
-                    if done is _ABORTED:
+                    if done is ABORTED:
                         self.conflicts += 1
                         continue
                     for i, ok in zip(held, done, strict=True):
@@ -264,7 +229,7 @@ class RedisTxnBackend(RedisBackend):
         on the lock's channel. (released, freed)."""
         base = self._base(claim.name)
         seq, queue = base + ":seq", base + ":q"
-        async with self._tx_lent("WATCH/MULTI/EXEC release") as conn:
+        async with self._tx_lent("WATCH/MULTI/EXEC release", urgent=True) as conn:
             for _ in range(2 * MAX_CONFLICTS):
                 ahead = (first,) if first is not None else ()
                 *_, owner, waiting, last = await conn.run(
@@ -277,14 +242,14 @@ class RedisTxnBackend(RedisBackend):
                     return False, False
                 plan = await self._tx_plan(conn, base, claim.owner, waiting, last)
                 *_, done = await conn.run(("MULTI",), *plan, ("EXEC",))
-                if done is not _ABORTED:
+                if done is not ABORTED:
                     return True, plan[-1][1] == base
                 self.conflicts += 1
         raise BackendUnavailable(f"the release of {claim.name!r} on {self._url} kept "
                                  f"conflicting with other clients")
 
     async def _tx_plan(
-        self, conn: _Lent, base: str, me: str, waiting: list[Any], last: Any,
+        self, conn: Lent, base: str, me: str, waiting: list[Any], last: Any,
     ) -> list[tuple[Any, ...]]:
         """The commands of a release inside MULTI: to the first live waiter of the Lua
         path if any (its waiter key now watched too), else free."""
@@ -380,7 +345,7 @@ class AutoRedisBackend(RedisBackend):
         resp = self._resp
         _become(self, RedisTxnBackend)
         assert isinstance(self, RedisTxnBackend)
-        self._as_transactions()
+        self._as_transactions(resp)
         if resp is not None:
             await resp.aclose()
         probe = self._base("-")
