@@ -47,9 +47,12 @@ def nolua(server: PasswordRedis) -> str:
     return f"redis://noscript:{SECRET}@127.0.0.1:{server.port}/0"
 
 
-@pytest.fixture
-def off(server: PasswordRedis) -> str:
-    return f"redis://127.0.0.1:{server.port}/0?scripting=off"
+@pytest.fixture(params=["lean", "redis-py"])
+def off(server: PasswordRedis, request: pytest.FixtureRequest) -> str:
+    """scripting=off on aiolock's own connections, or through redis.asyncio's pool (an
+    option only redis-py honours)."""
+    query = "&health_check_interval=30" if request.param == "redis-py" else ""
+    return f"redis://127.0.0.1:{server.port}/0?scripting=off{query}"
 
 
 @pytest.fixture
@@ -171,9 +174,12 @@ async def test_unreachable_is_bounded_without_password() -> None:
 # -- the lock ------------------------------------------------------------------------------
 
 
-async def test_mutual_exclusion_many_tasks(nolua: str, off: str, lua: str, name: str) -> None:
-    """Four connections (two without scripts, one Lua) x 8 tasks on one name: never two
-    inside at once, tokens strictly increasing in hold order."""
+async def test_mutual_exclusion_many_tasks(
+    nolua: str, lua: str, name: str,
+) -> None:
+    """Four connections (three without scripts: two on aiolock's connections, one on
+    redis.asyncio's; one Lua) x 8 tasks on one name: never two inside at once, tokens
+    strictly increasing in hold order."""
     inside, records = 0, []
 
     async def worker(locks: aiolock.Locks, stop: float) -> None:
@@ -188,7 +194,8 @@ async def test_mutual_exclusion_many_tasks(nolua: str, off: str, lua: str, name:
                 inside -= 1
 
     async with asyncio.timeout(30), aiolock.connect(nolua) as a, aiolock.connect(nolua) as b, \
-            aiolock.connect(off) as c, aiolock.connect(lua) as d:
+            aiolock.connect(lua + "?scripting=off&health_check_interval=30") as c, \
+            aiolock.connect(lua) as d:
         stop = time.monotonic() + 1.5
         await asyncio.gather(*(worker(x, stop) for x in (a, b, c, d) for _ in range(8)))
         conflicts = sum(x.backend.conflicts for x in (a, b, c))  # type: ignore[attr-defined]
@@ -379,12 +386,16 @@ async def test_paused_server_lease_lost_and_acquire_bounded(
         await again.release()
 
 
-async def test_killed_connections_and_restart(own_server: RedisServer, name: str) -> None:
+@pytest.mark.parametrize("query", ["", "&health_check_interval=30"], ids=["lean", "redis-py"])
+async def test_killed_connections_and_restart(
+    own_server: RedisServer, name: str, query: str,
+) -> None:
     """Every client connection killed under a held lease: the next renewal reconnects
     (the lease stays); a restart without persistence loses it at the next renewal."""
     admin = aioredis.Redis(port=own_server.port)
+    url = own_server.url + "?scripting=off" + query
     try:
-        async with asyncio.timeout(20), aiolock.connect(own_server.url + "?scripting=off") as locks:
+        async with asyncio.timeout(20), aiolock.connect(url) as locks:
             lease = await locks.lock(name, ttl=0.9, on_lost="raise").acquire()
             await admin.client_kill_filter(_type="normal", skipme=True)
             await asyncio.sleep(0.9)  # renewals after the kill
