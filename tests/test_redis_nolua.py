@@ -159,6 +159,28 @@ async def test_user_without_transactions_gets_the_script_refusal(server: Passwor
     assert SECRET not in str(info.value) and SECRET not in repr(info.value.__cause__)
 
 
+async def test_user_without_multi_is_refused_before_any_write(
+    server: PasswordRedis, admin: Any, name: str,
+) -> None:
+    """A refused MULTI would let the commands queued after it run unguarded: such a user
+    gets AccessDenied at connect (or at the first acquire, without ``async with``),
+    before any lock is written."""
+    user = f"nomulti-{uuid.uuid4().hex[:8]}"
+    await admin.execute_command("ACL", "SETUSER", user, "on", f">{SECRET}", "~*", "&*",
+                                "+@all", "-multi")
+    url = f"redis://{user}:{SECRET}@127.0.0.1:{server.port}/0?scripting=off"
+    with pytest.raises(aiolock.AccessDenied, match=r"(?i)multi"):
+        async with asyncio.timeout(10), aiolock.connect(url):
+            pass
+    locks = aiolock.connect(url)
+    try:
+        with pytest.raises(aiolock.AccessDenied):
+            await locks.lock(name).acquire(timeout=1)
+    finally:
+        await locks.aclose()
+    assert not await admin.exists(f"aiolock:lock:{{{name}}}", f"aiolock:lock:{{{name}}}:seq")
+
+
 async def test_unreachable_is_bounded_without_password() -> None:
     from .servers import free_port
 

@@ -2,8 +2,12 @@
 
 ``WATCH`` is a state of one connection, so each ``WATCH``/``MULTI``/``EXEC`` transaction
 of :mod:`aiolock.backends._redis_txn` borrows a connection of its own for its few round
-trips (:class:`Lent`), and gives it back clean -- or closes it if it was left watching,
-inside ``MULTI`` or with replies unread (an error, a cancellation, a timeout).
+trips (:class:`Lent`), and gives it back clean, or in a state the next transaction can
+clean up: a transaction's ``MULTI`` and ``EXEC`` always go out in one batch, so a
+transaction cancelled or failed half-way leaves at most a ``WATCH`` behind. On aiolock's
+own connection the next transaction starts with ``UNWATCH`` then (and the protocol drops
+the unread replies in order); a redis-py connection is closed instead (its pool refuses
+one with replies unread).
 
 :class:`Connections` keeps them: where the URL's options allow aiolock's own lean
 connection (:mod:`aiolock.backends._resp`: hiredis parses a whole batch of replies at
@@ -28,6 +32,9 @@ __all__ = ["ABORTED", "Connections", "Lent"]
 
 #: The reply of an ``EXEC`` that another client's write aborted (a watched key changed).
 ABORTED = object()
+#: How a transaction leaves its connection: clean; perhaps still watching keys (cleared
+#: by the next one's UNWATCH); in a state not known (closed).
+CLEAN, WATCHING, BROKEN = "clean", "watching", "broken"
 #: An error reply, as each transport gives it (a batch returns it in its place).
 _ERROR_REPLIES = (rexc.ResponseError, ResponseError, hiredis.ReplyError)
 
@@ -41,6 +48,7 @@ class Connections:
         self._template = template
         self._idle: list[Any] = []
         self._lent: set[Any] = set()
+        self._watching: set[Any] = set()  # may still WATCH keys: send UNWATCH first
 
     async def borrow(self) -> Any:
         if self._template is None:
@@ -54,6 +62,9 @@ class Connections:
         if self._template is None:
             await conn.send_packed_command(_pack(conn, commands), check_health=False)
             return [await _read(conn) for _ in commands]
+        if conn in self._watching:
+            self._watching.discard(conn)
+            return (await self.send(conn, [("UNWATCH",), *commands]))[1:]
         data = b"".join(hiredis.pack_command(c) for c in commands)
         if len(commands) == 1:  # one command: an error reply raises
             try:
@@ -63,24 +74,28 @@ class Connections:
         replies: list[Any] = await conn.send(data, len(commands), retry=False)
         return replies
 
-    async def give_back(self, conn: Any, clean: bool) -> None:
+    async def give_back(self, conn: Any, left: str) -> None:
+        """``conn`` back, as the transaction ``left`` it (CLEAN, WATCHING or BROKEN)."""
         if self._template is None:
             try:
-                if not clean:
+                if left != CLEAN:
                     await conn.disconnect(nowait=True)
             finally:
                 await self._client.connection_pool.release(conn)
             return
         self._lent.discard(conn)
-        if clean and self._template is not None:
-            self._idle.append(conn)
-        else:
+        if left == BROKEN:
             await conn.aclose()
+            return
+        if left == WATCHING:
+            self._watching.add(conn)
+        self._idle.append(conn)
 
     async def aclose(self) -> None:
         """Close the connections of our own (the pool's are the client's to close)."""
         conns, self._idle = [*self._idle, *self._lent], []
         self._lent.clear()
+        self._watching.clear()
         for conn in conns:
             await conn.aclose()
 
@@ -92,7 +107,7 @@ class Lent:
     def __init__(self, connections: Connections) -> None:
         self._connections = connections
         self._conn: Any = None
-        self._clean = True
+        self._left = CLEAN
 
     async def __aenter__(self) -> Lent:
         self._conn = await self._connections.borrow()
@@ -101,11 +116,14 @@ class Lent:
     async def run(self, *commands: tuple[Any, ...]) -> list[Any]:
         """Send ``commands`` at once, return their replies; an aborted EXEC's is ABORTED.
         An error reply raises (after every reply of the batch was read)."""
-        self._clean = False
+        self._left = WATCHING  # until every reply is in (a cancellation, a timeout)
         replies = await self._connections.send(self._conn, commands)
         errors = [r for r in replies if isinstance(r, _ERROR_REPLIES)]
         last = commands[-1][0]
-        self._clean = not errors and last in ("EXEC", "UNWATCH")
+        if errors and any(c[0] == "MULTI" for c in commands):
+            self._left = BROKEN  # a refused MULTI or EXEC: the state is not known
+        elif not errors and last in ("EXEC", "UNWATCH"):
+            self._left = CLEAN
         if not errors and last == "EXEC":
             if replies[-1] is None:
                 replies[-1] = ABORTED
@@ -117,7 +135,7 @@ class Lent:
         return replies
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await asyncio.shield(self._connections.give_back(self._conn, self._clean))
+        await asyncio.shield(self._connections.give_back(self._conn, self._left))
 
 
 def _fresh(template: RespClient) -> RespClient:

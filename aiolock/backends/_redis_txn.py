@@ -111,6 +111,7 @@ class RedisTxnBackend(RedisBackend):
         self._call = self._limited_call
         self._urgent = asyncio.Semaphore(URGENT)
         self._connections = Connections(self._client, lean)
+        self._probed = False
 
     async def aclose(self) -> None:
         await self._connections.aclose()
@@ -122,6 +123,15 @@ class RedisTxnBackend(RedisBackend):
                 await self._call("PING")
         except _ERRORS as exc:
             raise redis_error(exc, self._url, CONNECTING) from exc
+        await self._probe()
+
+    async def _probe(self) -> None:
+        """An empty transaction, once, before the first acquire: a user who may not run
+        ``MULTI``/``EXEC`` gets AccessDenied here, before any transaction of a lock (the
+        commands after a refused ``MULTI`` would run unguarded)."""
+        async with self._tx_lent("WATCH/MULTI/EXEC", urgent=True) as conn:
+            await conn.run(("WATCH", self._base("-")), ("MULTI",), ("EXEC",))
+        self._probed = True
 
     @contextlib.asynccontextmanager
     async def _tx_lent(self, what: str, urgent: bool = False) -> AsyncIterator[Lent]:
@@ -142,6 +152,8 @@ class RedisTxnBackend(RedisBackend):
         if claim.kind is not Kind.LOCK:
             raise LockError(f"{claim.kind.value} claims need Lua scripts ({self._url} runs "
                             "without them: lock() only)")
+        if not self._probed:
+            await self._probe()
         base = self._base(claim.name)
         seq, mine = base + ":seq", base + ":x:" + claim.owner
         async with self._tx_lent("WATCH/MULTI/EXEC acquire") as conn:
@@ -348,10 +360,8 @@ class AutoRedisBackend(RedisBackend):
         self._as_transactions(resp)
         if resp is not None:
             await resp.aclose()
-        probe = self._base("-")
         try:
-            async with self._tx_lent("WATCH/MULTI/EXEC") as conn:
-                await conn.run(("WATCH", probe), ("MULTI",), ("EXEC",))
+            await self._probe()
         except LockError:
             _become(self, AutoRedisBackend)  # undecided: the next request asks again
             raise refusal from refusal.__cause__
