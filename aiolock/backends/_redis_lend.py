@@ -50,6 +50,11 @@ class Connections:
         self._lent: set[Any] = set()
         self._watching: set[Any] = set()  # may still WATCH keys: send UNWATCH first
 
+    @property
+    def lean(self) -> bool:
+        """True for aiolock's own connections (False: the redis.asyncio client's pool)."""
+        return self._template is not None
+
     async def borrow(self) -> Any:
         if self._template is None:
             return await self._client.connection_pool.get_connection()
@@ -133,6 +138,14 @@ class Lent:
             error = errors[0]
             raise ResponseError(str(error)) if isinstance(error, hiredis.ReplyError) else error
         return replies
+
+    async def unwatch(self) -> None:
+        """Drop the WATCH: on aiolock's own connection with the next transaction's first
+        batch (no round trip now), on a redis-py one now."""
+        if self._connections.lean:
+            self._left = WATCHING
+        else:
+            await self.run(("UNWATCH",))
 
     async def __aexit__(self, *exc_info: object) -> None:
         await asyncio.shield(self._connections.give_back(self._conn, self._left))

@@ -11,13 +11,15 @@ The keys are the Lua path's (see :mod:`aiolock.backends._redis_scripts`), so a l
 through one path is held for the other: the lock hash ``<prefix>:lock:{<name>}`` (fields
 ``owner``, ``token``, ``info``, ``since``; expires with the lease), the token counter ``...:seq`` (never
 expires) and, read only to hand the lock over, the Lua path's waiting queue ``...:q`` and
-waiter keys ``...:x:<owner>``. Each primitive is one transaction on a connection lent by
-the client's pool (every option of the URL applies to it):
+waiter keys ``...:x:<owner>``. Each primitive is one transaction on a connection of its
+own for its round trips (see :mod:`aiolock.backends._redis_lend`; every option of the URL
+applies to it), renewals and releases in slots of their own (:data:`URGENT`):
 
 * acquire: ``WATCH`` the lock hash, the counter and the claim's waiter key, read them
-  and ``TIME`` (one round trip); if the lock is free, ``MULTI``, ``INCR`` the counter,
-  ``HSET`` owner, holder record and the token (the counter's value + 1: it is watched,
-  so that is what ``INCR`` returns), ``PEXPIRE``, ``EXEC`` (a second). An aborted
+  and ``TIME`` (one round trip: all if the lock is held); if the lock is free,
+  ``MULTI``, ``INCR`` the counter, ``HSET`` owner, holder record and the token (the
+  counter's value + 1: it is watched, so that is what ``INCR`` returns), ``PEXPIRE``,
+  ``EXEC`` (a second). An aborted
   ``EXEC`` (another client changed a watched key) is retried up to :data:`MAX_CONFLICTS`
   times, then answered :class:`~aiolock.abc.Busy`: the core's waiting retries;
 * renew: ``WATCH`` every claim's hash, read their owners, ``PEXPIRE`` those still held in
@@ -163,7 +165,7 @@ class RedisTxnBackend(RedisBackend):
                     ("PTTL", base), ("GET", seq), ("GET", mine), ("TIME",),
                 )
                 if owner is not None or mark is not None:
-                    await conn.run(("UNWATCH",))
+                    await conn.unwatch()
                     if owner is not None and _text(owner) == claim.owner and int(pttl) > 0:
                         return Granted(int(token), int(pttl))  # (it may expire between reads)
                     if mark is not None:
@@ -196,7 +198,7 @@ class RedisTxnBackend(RedisBackend):
                         if o is not None and _text(o) == c.owner]
                 out: list[int | None] = [None] * len(claims)
                 if not held:
-                    await conn.run(("UNWATCH",))
+                    await conn.unwatch()
                 else:
                     *_, done = await conn.run(("MULTI",), *(
                         ("PEXPIRE", keys[i], claims[i].ttl_ms) for i in held), ("EXEC",))
@@ -250,7 +252,7 @@ class RedisTxnBackend(RedisBackend):
                 )
                 first = None
                 if owner is None or _text(owner) != claim.owner:
-                    await conn.run(("UNWATCH",))
+                    await conn.unwatch()
                     return False, False
                 plan = await self._tx_plan(conn, base, claim.owner, waiting, last)
                 *_, done = await conn.run(("MULTI",), *plan, ("EXEC",))
