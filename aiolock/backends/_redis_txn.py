@@ -19,9 +19,9 @@ applies to it), renewals and releases in slots of their own (:data:`URGENT`):
   and ``TIME`` (one round trip: all if the lock is held); if the lock is free,
   ``MULTI``, ``INCR`` the counter, ``HSET`` owner, holder record and the token (the
   counter's value + 1: it is watched, so that is what ``INCR`` returns), ``PEXPIRE``,
-  ``EXEC`` (a second). An aborted
-  ``EXEC`` (another client changed a watched key) is retried up to :data:`MAX_CONFLICTS`
-  times, then answered :class:`~aiolock.abc.Busy`: the core's waiting retries;
+  ``EXEC`` (a second). An aborted ``EXEC`` (another client changed a watched key) is
+  retried up to :data:`MAX_CONFLICTS` times, then answered :class:`~aiolock.abc.Busy`:
+  the core's waiting retries;
 * renew: ``WATCH`` every claim's hash, read their owners, ``PEXPIRE`` those still held in
   one ``MULTI``/``EXEC``;
 * release: ``WATCH`` the hash, the counter and the queue; if this owner holds it, hand it
