@@ -12,10 +12,11 @@ each figure is the median of ``--runs`` rounds with its range [min-max]:
     top-level only: the commands a script runs inside an EVALSHA are not requests);
 (c) 32 waiters contending for one lock, looping acquire -> ``sleep(0)`` -> release:
     handoffs per second (an acquisition by another waiter than the last holder), the
-    aborted ``EXEC`` per acquisition (conflicts; transaction path only) and a
-    mutual-exclusion check. Two shapes: 32 tasks on one connection (they queue locally:
-    one asks the server at a time) and 4 connections x 8 tasks (4 clients ask at once,
-    as 4 processes would).
+    aborted ``EXEC`` per acquisition (conflicts; transaction path only), round trips per
+    acquisition (its release included; busy retries count) and a mutual-exclusion
+    check. Two shapes: 32 tasks on one connection (they queue locally: one asks the
+    server at a time) and 4 connections x 8 tasks (4 clients ask at once, as 4
+    processes would).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from _common import fmt
-from _redis import RedisServer, RequestCounter
+from _redis import RedisServer, RequestCounter, command_stats, stats_delta
 
 import aiolock
 from aiolock.backends import _redis_lend
@@ -96,16 +97,27 @@ async def requests_per_cycle(server: RedisServer, admin: Any, url: str,
 class Contention:
     handoffs: float
     conflicts: float  # aborted EXEC per acquisition
+    requests: float  # round trips per acquisition (its release included)
     violations: int
     acquisitions: int
 
 
-async def contend(url: str, connections: int, seconds: float) -> Contention:
+async def contend(url: str, connections: int, seconds: float, admin: Any) -> Contention:
     holders = violations = acquisitions = handoffs = 0
     last: int | None = None
     sessions = [aiolock.connect(url) for _ in range(connections)]
     for s in sessions:
         await s.__aenter__()
+    batches = 0
+    run = _redis_lend.Lent.run
+
+    async def counted(self: Any, *commands: tuple[Any, ...]) -> list[Any]:
+        nonlocal batches
+        batches += 1
+        return await run(self, *commands)
+
+    _redis_lend.Lent.run = counted  # type: ignore[method-assign]
+    before = await command_stats(admin)
     deadline = time.perf_counter() + seconds
 
     async def waiter(who: int, locks: aiolock.Locks) -> None:
@@ -127,11 +139,14 @@ async def contend(url: str, connections: int, seconds: float) -> Contention:
         await asyncio.gather(*(waiter(i * per + j, s) for i, s in enumerate(sessions)
                                for j in range(per)))
     finally:
+        _redis_lend.Lent.run = run  # type: ignore[method-assign]
+        evalsha = stats_delta(before, await command_stats(admin))["evalsha"]
         conflicts = sum(getattr(s.backend, "conflicts", 0) for s in sessions)
         for s in sessions:
             await s.aclose()
-    return Contention(handoffs / seconds, conflicts / max(acquisitions, 1), violations,
-                      acquisitions)
+    n = max(acquisitions, 1)
+    return Contention(handoffs / seconds, conflicts / n, (batches or evalsha) / n,
+                      violations, acquisitions)
 
 
 Measure = Callable[[str], Awaitable[Any]]
@@ -157,12 +172,14 @@ async def main(runs: int, seconds: float, cycles: int) -> int:
                     row.setdefault("round trips/cycle", Rounds()).values.append(trips)
                     row.setdefault("commands/cycle", Rounds()).values.append(cmds)
                     for conns in (1, 4):
-                        c = await contend(url, conns, seconds)
+                        c = await contend(url, conns, seconds, admin)
                         bad += c.violations
                         shape = f"{conns}x{WAITERS // conns}"
                         row.setdefault(f"handoffs/s {shape}", Rounds()).values.append(c.handoffs)
                         row.setdefault(f"conflicts/acq {shape}", Rounds()).values.append(
                             c.conflicts)
+                        row.setdefault(f"round trips/acq {shape}", Rounds()).values.append(
+                            c.requests)
                     print(f"# round {r + 1}/{runs} {path} done", flush=True)
         finally:
             await admin.aclose()
@@ -172,7 +189,9 @@ async def main(runs: int, seconds: float, cycles: int) -> int:
     for path, row in rows.items():
         print(" | ".join([f"{path:{width}}", *(str(row[c]) for c in columns)]))
     print("\nmedian [min-max] of the rounds; conflicts/acq = aborted EXEC per acquisition; "
-          "1x32 = one connection, 32 tasks; 4x8 = 4 connections x 8 tasks")
+          "round trips/acq: per acquisition under contention, its release included (Lua: "
+          "EVALSHA calls; transactions: batches sent);\n1x32 = one connection, 32 tasks; "
+          "4x8 = 4 connections x 8 tasks")
     if bad:
         print(f"MUTUAL EXCLUSION VIOLATED {bad} times")
     return 1 if bad else 0
