@@ -55,21 +55,21 @@ class Connections:
         """True for aiolock's own connections (False: the redis.asyncio client's pool)."""
         return self._template is not None
 
-    async def borrow(self) -> Any:
+    async def borrow(self) -> tuple[Any, bool]:
+        """A connection, and whether it may still WATCH keys (send UNWATCH first)."""
         if self._template is None:
-            return await self._client.connection_pool.get_connection()
+            return await self._client.connection_pool.get_connection(), False
         conn = self._idle.pop() if self._idle else _fresh(self._template)
         self._lent.add(conn)
-        return conn
+        watching = conn in self._watching
+        self._watching.discard(conn)
+        return conn, watching
 
     async def send(self, conn: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """Write ``commands`` at once on ``conn``; their replies, an error in its place."""
         if self._template is None:
             await conn.send_packed_command(_pack(conn, commands), check_health=False)
             return [await _read(conn) for _ in commands]
-        if conn in self._watching:
-            self._watching.discard(conn)
-            return (await self.send(conn, [("UNWATCH",), *commands]))[1:]
         data = b"".join(hiredis.pack_command(c) for c in commands)
         if len(commands) == 1:  # one command: an error reply raises
             try:
@@ -113,16 +113,21 @@ class Lent:
         self._connections = connections
         self._conn: Any = None
         self._left = CLEAN
+        self._stale = False  # the connection may still WATCH keys of an earlier transaction
 
     async def __aenter__(self) -> Lent:
-        self._conn = await self._connections.borrow()
+        self._conn, self._stale = await self._connections.borrow()
         return self
 
     async def run(self, *commands: tuple[Any, ...]) -> list[Any]:
         """Send ``commands`` at once, return their replies; an aborted EXEC's is ABORTED.
         An error reply raises (after every reply of the batch was read)."""
         self._left = WATCHING  # until every reply is in (a cancellation, a timeout)
-        replies = await self._connections.send(self._conn, commands)
+        if self._stale:
+            replies = (await self._connections.send(self._conn, [("UNWATCH",), *commands]))[1:]
+            self._stale = False
+        else:
+            replies = await self._connections.send(self._conn, commands)
         errors = [r for r in replies if isinstance(r, _ERROR_REPLIES)]
         last = commands[-1][0]
         if errors and any(c[0] == "MULTI" for c in commands):
@@ -143,7 +148,7 @@ class Lent:
         """Drop the WATCH: on aiolock's own connection with the next transaction's first
         batch (no round trip now), on a redis-py one now."""
         if self._connections.lean:
-            self._left = WATCHING
+            self._left, self._stale = WATCHING, True
         else:
             await self.run(("UNWATCH",))
 

@@ -191,31 +191,50 @@ class RedisTxnBackend(RedisBackend):
         if not claims:
             return []
         keys = [self._base(c.name, c.kind) for c in claims]
+        out: list[int | None] = [None] * len(claims)
+        groups, aborts = [list(range(len(claims)))], 0
         async with self._tx_lent("WATCH/MULTI/EXEC renew", urgent=True) as conn:
-            for _ in range(MAX_CONFLICTS):
-                _, *owners = await conn.run(("WATCH", *keys), *(("HGET", k, "owner") for k in keys))
-                held = [i for i, (c, o) in enumerate(zip(claims, owners, strict=True))
-                        if o is not None and _text(o) == c.owner]
-                out: list[int | None] = [None] * len(claims)
-                if not held:
-                    await conn.unwatch()
-                else:
-                    *_, done = await conn.run(("MULTI",), *(
-                        ("PEXPIRE", keys[i], claims[i].ttl_ms) for i in held), ("EXEC",))
-                    if done is ABORTED:
-                        self.conflicts += 1
-                        continue
-                    for i, ok in zip(held, done, strict=True):
-                        out[i] = claims[i].ttl_ms if int(ok) else None
-                if len(held) < len(claims):  # lost: revoked by an operator (the Lua path)?
-                    gone = [i for i, ms in enumerate(out) if ms is None]
-                    marks, _ = await conn.run(("MGET", *(f"{keys[i]}:x:{claims[i].owner}"
-                                                         for i in gone)), ("UNWATCH",))
-                    for i, mark in zip(gone, marks, strict=True):
-                        out[i] = REVOKED if mark is not None and _text(mark) == "v" else None
-                return out
-        raise BackendUnavailable(f"renewals on {self._url} kept conflicting with other "
-                                 f"clients ({MAX_CONFLICTS} aborted EXEC)")
+            while groups:
+                group = groups.pop()
+                if await self._renew_group(conn, claims, keys, group, out):
+                    continue
+                # Aborted: a watched key changed -- most likely a lease of the batch that
+                # expired. Halves are renewed apart, so one such key costs one lease only.
+                self.conflicts += 1
+                aborts += 1
+                if aborts > MAX_CONFLICTS + 2 * len(claims):
+                    raise BackendUnavailable(f"renewals on {self._url} kept conflicting "
+                                             f"with other clients ({aborts} aborted EXEC)")
+                half = len(group) // 2
+                groups += [group[:half], group[half:]] if half else [group]
+            gone = [i for i, ms in enumerate(out) if ms is None]
+            if gone:  # revoked by an operator (the Lua path's mark), or just gone?
+                marks, _ = await conn.run(("MGET", *(f"{keys[i]}:x:{claims[i].owner}"
+                                                     for i in gone)), ("UNWATCH",))
+                for i, mark in zip(gone, marks, strict=True):
+                    out[i] = REVOKED if mark is not None and _text(mark) == "v" else None
+        return out
+
+    async def _renew_group(
+        self, conn: Lent, claims: Sequence[Claim], keys: list[str], group: list[int],
+        out: list[int | None],
+    ) -> bool:
+        """One transaction renewing the claims of ``group`` still held (their ttl into
+        ``out``); False if its EXEC aborted."""
+        _, *owners = await conn.run(("WATCH", *(keys[i] for i in group)),
+                                    *(("HGET", keys[i], "owner") for i in group))
+        held = [i for i, o in zip(group, owners, strict=True)
+                if o is not None and _text(o) == claims[i].owner]
+        if not held:
+            await conn.unwatch()
+            return True
+        *_, done = await conn.run(
+            ("MULTI",), *(("PEXPIRE", keys[i], claims[i].ttl_ms) for i in held), ("EXEC",))
+        if done is ABORTED:
+            return False
+        for i, ok in zip(held, done, strict=True):
+            out[i] = claims[i].ttl_ms if int(ok) else None
+        return True
 
     # -- release --------------------------------------------------------------------------
 
