@@ -433,6 +433,34 @@ async def test_killed_connections_and_restart(
         await admin.aclose()
 
 
+async def test_renewal_batch_survives_one_changing_key(
+    off: str, name: str, admin: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A key of the batch changes between WATCH and EXEC (as a lease expiring does): the
+    batch is renewed in halves, and only that lease is reported gone."""
+    run = _redis_lend.Lent.run
+    victim = f"aiolock:lock:{{{name}1}}"
+
+    async def meddling(self: Any, *commands: tuple[Any, ...]) -> list[Any]:
+        replies = await run(self, *commands)
+        if commands[0][0] == "WATCH" and victim in commands[0]:
+            await admin.hset(victim, "owner", "someone-else")
+        return replies
+
+    async with asyncio.timeout(10), aiolock.connect(off) as locks:
+        backend = locks.backend
+        assert isinstance(backend, RedisTxnBackend)
+        claims = [_claim(f"{name}{i}") for i in range(4)]
+        for claim in claims:
+            assert isinstance(await backend.try_acquire(claim), Granted)
+        monkeypatch.setattr(_redis_lend.Lent, "run", meddling)
+        assert await backend.renew(claims) == [5000, None, 5000, 5000]
+        assert backend.conflicts >= 1
+        monkeypatch.undo()
+        for claim in claims:
+            await backend.release(claim)
+
+
 # -- the two paths on the same keys ------------------------------------------------------
 
 
