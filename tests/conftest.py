@@ -25,8 +25,8 @@ from .pg_server import PostgresServer
 from .servers import RedisServer
 from .zk_server import ZooKeeperServer
 
-BACKENDS = ["memory", "redis", "redis-nolua", "zookeeper", "postgres", "postgres-row",
-            "memcached", "mysql", "mysql-row"]
+BACKENDS = ["memory", "redis", "zookeeper", "postgres", "postgres-row", "memcached", "mysql",
+            "mysql-row"]
 # backends still being built join the suite as soon as their module exists
 BACKENDS += [
     param for param, module in (
@@ -156,7 +156,7 @@ def backend_url(request: pytest.FixtureRequest) -> str:
         etcd = request.getfixturevalue("etcd_cluster" if request.param == "etcd-cluster" else "etcd_server")
         return f"{etcd.url}?prefix=aiolock-{uuid.uuid4().hex[:8]}"
     server: RedisServer = request.getfixturevalue("redis_server")
-    return server.url + ("?scripting=off" if request.param == "redis-nolua" else "")  # issue 15
+    return server.url
 
 
 @pytest.fixture

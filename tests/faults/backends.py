@@ -63,7 +63,7 @@ class BackendSpec:
             from ..servers import RedisServer
 
             return RedisServer(appendonly=False)
-        if self.key.startswith("redis-aof") or self.key == "redis-nolua":
+        if self.key.startswith("redis-aof"):
             return AofRedisServer(fsync="everysec" if self.key == "redis-aof-everysec" else "always")
         if self.key == "postgres":
             from ..pg_server import PostgresServer
@@ -128,8 +128,8 @@ class BackendSpec:
         if isinstance(port, list):
             port = port[0]
         p = port or server.port
-        if self.key.startswith("redis"):  # redis-nolua: WATCH/MULTI/EXEC (issue 15)
-            return f"redis://127.0.0.1:{p}/0" + ("?scripting=off" if self.key == "redis-nolua" else "")
+        if self.key.startswith("redis"):
+            return f"redis://127.0.0.1:{p}/0"
         if self.key == "postgres":
             return f"postgresql://{server.user}@127.0.0.1:{p}/{server.database}"
         if self.key == "memcached":
@@ -294,7 +294,6 @@ BACKENDS: dict[str, BackendSpec] = {
         forgets_why="restart without AOF: leases and the token counter are gone",
     ),
     "redis-aof": BackendSpec("redis-aof", "redis", [*_PROXY, "restart"]),
-    "redis-nolua": BackendSpec("redis-nolua", "redis", [*_PROXY, "restart"]),
     "redis-aof-everysec": BackendSpec(
         "redis-aof-everysec", "redis", [*_PROXY, "restart"], forgets=["restart"],
         forgets_why="appendfsync everysec: a kill -9 may lose the last acknowledged writes "
