@@ -180,8 +180,8 @@ class RedlockBackend(Backend):
         where = format_hosts(hosts)
         scheme = "rediss" if tls else "redis"
         tail = f"?{node_query}" if node_query else ""
-        kw = _node_keywords(pairs, options, node_options)  # issue 15: nodes never fall back
-        nodes = [RedisBackend.from_url(f"{scheme}://{auth}{n}/{db or 0}{tail}", **kw) for n in where]
+        nodes = [RedisBackend.from_url(f"{scheme}://{auth}{node}/{db or 0}{tail}",
+                                       **options, **node_options) for node in where]
         safe = "redlock://" + ",".join(where) + (f"/{db}" if db else "")
         return cls(nodes, drift_factor=number("drift_factor", drift_factor, DEFAULT_DRIFT_FACTOR),
                    url=safe)
@@ -465,16 +465,6 @@ class RedlockBackend(Backend):
 def _check_kind(kind: Kind) -> None:
     if kind is not Kind.LOCK:
         raise LockError(f"the redlock:// backend offers plain locks only, not {kind.value}")
-
-
-def _node_keywords(
-    pairs: list[tuple[str, str]], options: dict[str, Any], node_options: dict[str, Any],
-) -> dict[str, Any]:
-    """Keywords of every node's ``RedisBackend.from_url``: a node runs Redlock's scripts
-    itself, so it never moves to WATCH/MULTI/EXEC (issue 15) and ``scripting`` is refused."""
-    if "scripting" in node_options or any(key == "scripting" for key, _ in pairs):
-        raise ValueError("unknown option scripting for redlock:// (its nodes run Lua scripts)")
-    return {**options, **node_options, "scripting": "on"}
 
 
 def _text(value: Any) -> str:
