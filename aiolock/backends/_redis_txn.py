@@ -39,7 +39,8 @@ server, so a release wakes every process waiting for the lock (each retries, one
 the others' ``EXEC`` may abort); not fair; no read-write locks, semaphores, elections,
 listing or revocation (the capabilities say so). Holder records are kept: the lock
 hash's ``info`` and ``since`` (server ms of the grant, from ``TIME``) fields, as the Lua
-path keeps them.
+path keeps them (it may also leave ``gttl``, the lease's ms at a grant, which
+``inspect`` reads too).
 """
 
 from __future__ import annotations
@@ -315,12 +316,13 @@ class RedisTxnBackend(RedisBackend):
         base = self._base(name)
         async with self._tx_lent("MULTI/EXEC inspect") as conn:
             *_, done = await conn.run(
-                ("MULTI",), ("HMGET", base, "owner", "token", "info", "since"), ("PTTL", base),
-                ("GET", base + ":seq"), ("LLEN", base + ":q"), ("TIME",), ("EXEC",),
+                ("MULTI",), ("HMGET", base, "owner", "token", "info", "since", "gttl"),
+                ("PTTL", base), ("GET", base + ":seq"), ("LLEN", base + ":q"), ("TIME",),
+                ("EXEC",),
             )
-        (owner, token, info, since), pttl, last, queued, now = done
+        (owner, token, info, since, gttl), pttl, last, queued, now = done
         held = owner is not None
-        held_for = (_ms(now) - int(since)) / 1000 if since is not None else None
+        held_for = _held_for(since, gttl, int(pttl), _ms(now))
         return LockInfo(
             name, held, holders=int(held), token=int(token) if held else None,
             last_token=int(last) if last is not None else None,
@@ -428,6 +430,17 @@ def _registration(value: Any) -> tuple[int, str, str] | None:
         return int(found[1]), found[3][:n], found[3][n:]
     old = _REGISTRATION_V1.match(text)
     return (int(old[1]), old[2], "") if old is not None else None
+
+
+def _held_for(since: Any, gttl: Any, pttl: int, now: int) -> float | None:
+    """Seconds a lock hash's holder has held it: from ``since`` (server ms of the grant),
+    or, where the Lua path granted it without reading the clock, from ``gttl`` (the
+    lease's ms at the grant) and the ms left; None if neither is known."""
+    if since is not None:
+        return max(now - int(since), 0) / 1000
+    if gttl is not None and pttl >= 0:
+        return max(int(gttl) - pttl, 0) / 1000
+    return None
 
 
 def _ms(time_reply: Any) -> int:
