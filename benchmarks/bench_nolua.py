@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,29 +68,35 @@ async def cycles_per_second(url: str, cycles: int) -> float:
         return cycles / (time.perf_counter() - start)
 
 
-async def requests_per_cycle(server: RedisServer, admin: Any, url: str,
-                             cycles: int) -> tuple[float, float]:
-    """(round trips, server commands) per acquire+release cycle."""
-    batches = 0
+@contextlib.contextmanager
+def counting_batches() -> Iterator[list[int]]:
+    """Counts the batches (round trips) transactions send meanwhile: ``[count]``."""
+    count = [0]
     run = _redis_lend.Lent.run
 
     async def counted(self: Any, *commands: tuple[Any, ...]) -> list[Any]:
-        nonlocal batches
-        batches += 1
+        count[0] += 1
         return await run(self, *commands)
 
+    _redis_lend.Lent.run = counted  # type: ignore[method-assign]
+    try:
+        yield count
+    finally:
+        _redis_lend.Lent.run = run  # type: ignore[method-assign]
+
+
+async def requests_per_cycle(server: RedisServer, admin: Any, url: str,
+                             cycles: int) -> tuple[float, float]:
+    """(round trips, server commands) per acquire+release cycle."""
     async with aiolock.connect(url) as locks:
         lock = locks.lock("bench:nolua:b", ttl=TTL)
         await (await lock.acquire()).release()
-        _redis_lend.Lent.run = counted  # type: ignore[method-assign]
-        try:
+        with counting_batches() as batches:
             async with RequestCounter(server, admin) as counter:
                 for _ in range(cycles):
                     await (await lock.acquire()).release()
-        finally:
-            _redis_lend.Lent.run = run  # type: ignore[method-assign]
     commands = sum(counter.requests.values()) / cycles
-    trips = batches / cycles if batches else commands  # the Lua path: one EVALSHA each
+    trips = batches[0] / cycles if batches[0] else commands  # Lua: one EVALSHA each
     return trips, commands
 
 
@@ -108,15 +115,8 @@ async def contend(url: str, connections: int, seconds: float, admin: Any) -> Con
     sessions = [aiolock.connect(url) for _ in range(connections)]
     for s in sessions:
         await s.__aenter__()
-    batches = 0
-    run = _redis_lend.Lent.run
-
-    async def counted(self: Any, *commands: tuple[Any, ...]) -> list[Any]:
-        nonlocal batches
-        batches += 1
-        return await run(self, *commands)
-
-    _redis_lend.Lent.run = counted  # type: ignore[method-assign]
+    counting = counting_batches()
+    batches = counting.__enter__()
     before = await command_stats(admin)
     deadline = time.perf_counter() + seconds
 
@@ -139,13 +139,13 @@ async def contend(url: str, connections: int, seconds: float, admin: Any) -> Con
         await asyncio.gather(*(waiter(i * per + j, s) for i, s in enumerate(sessions)
                                for j in range(per)))
     finally:
-        _redis_lend.Lent.run = run  # type: ignore[method-assign]
+        counting.__exit__(None, None, None)
         evalsha = stats_delta(before, await command_stats(admin))["evalsha"]
         conflicts = sum(getattr(s.backend, "conflicts", 0) for s in sessions)
         for s in sessions:
             await s.aclose()
     n = max(acquisitions, 1)
-    return Contention(handoffs / seconds, conflicts / n, (batches or evalsha) / n,
+    return Contention(handoffs / seconds, conflicts / n, (batches[0] or evalsha) / n,
                       violations, acquisitions)
 
 

@@ -9,12 +9,11 @@ it the Lua scripts, on the same keys -- so the two paths are tested against each
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from .adversarial.conftest import SECRET, acl_redis  # noqa: F401 -- a fixture
 from .adversarial.servers import PasswordRedis
 from .conftest import acquire_cancelled_after
 from .servers import RedisServer
-from .test_faults_redis import Procs
+from .test_faults_redis import Procs, own_server  # noqa: F401 -- a fixture
 
 
 @pytest.fixture(scope="module")
@@ -371,20 +370,8 @@ async def test_conflicts_are_retried_then_busy(
 # -- faults --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def own_server() -> Iterator[RedisServer]:
-    """A private redis-server, for tests that pause or restart it."""
-    srv = RedisServer().start()
-    try:
-        yield srv
-    finally:
-        with contextlib.suppress(Exception):
-            srv.resume()
-        srv.close()
-
-
 async def test_paused_server_lease_lost_and_acquire_bounded(
-    own_server: RedisServer, name: str,
+    own_server: RedisServer, name: str,  # noqa: F811
 ) -> None:
     """A silent server: the held lease is lost within its ttl (its renewals time out),
     an acquire gives up within its timeout; once resumed, the lock works again."""
@@ -409,7 +396,7 @@ async def test_paused_server_lease_lost_and_acquire_bounded(
 
 @pytest.mark.parametrize("query", ["", "&health_check_interval=30"], ids=["lean", "redis-py"])
 async def test_killed_connections_and_restart(
-    own_server: RedisServer, name: str, query: str,
+    own_server: RedisServer, name: str, query: str,  # noqa: F811
 ) -> None:
     """Every client connection killed under a held lease: the next renewal reconnects
     (the lease stays); a restart without persistence loses it at the next renewal."""
