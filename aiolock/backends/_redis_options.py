@@ -8,6 +8,9 @@ to every connection aiolock opens for it, or is refused with ``ValueError`` nami
   (``connect_timeout``, ``request_timeout``, ``prefix``); an unknown one is refused with
   the list of accepted ones (redis-py itself would only fail at the first connection);
 * values are checked by building one (unconnected) redis-py connection from them;
+* ``scripting`` (aiolock's own) is ``on``, ``off`` or ``auto`` (the default): ``off`` runs
+  ``lock()`` as ``WATCH``/``MULTI``/``EXEC`` transactions, ``auto`` moves to them if the
+  server refuses scripts (see :mod:`aiolock.backends._redis_txn`), ``on`` never does;
 * ``socket_connect_timeout`` / ``socket_timeout`` are aiolock's ``connect_timeout`` /
   ``request_timeout`` (every connection gets them; giving both spellings differently is
   refused);
@@ -38,10 +41,12 @@ from redis.asyncio.connection import (
 from .._validate import check_timeouts
 from ._resp import RespClient
 
-__all__ = ["OWN", "RedisOptions", "accepted_options", "check_names", "query_options", "resolve"]
+__all__ = ["OWN", "SCRIPTING", "RedisOptions", "accepted_options", "check_names", "query_options", "resolve"]
 
 #: aiolock's own options (keyword or URL query).
-OWN = ("connect_timeout", "request_timeout", "prefix")
+OWN = ("connect_timeout", "request_timeout", "prefix", "scripting")
+#: The values ``scripting`` accepts.
+SCRIPTING = ("on", "off", "auto")
 #: Options of the pool / client rather than of a connection (one connection honours them).
 _POOL = ("max_connections", "single_connection_client", "auto_close_connection_pool")
 #: Options the lean connection honours (see RespClient).
@@ -123,6 +128,8 @@ class RedisOptions:
     resp: RespClient | None
     #: names of the options that made the scripts go through redis.asyncio
     not_lean: list[str] = field(default_factory=list)
+    #: ``on``, ``off`` or ``auto``: see :data:`SCRIPTING`
+    scripting: str = "auto"
 
     def client(self) -> Redis:
         """A new ``redis.asyncio`` client with every option (it owns its pool)."""
@@ -152,34 +159,17 @@ def resolve(
         params: dict[str, Any] = dict(parse_url(url))
     except ValueError as exc:
         raise ValueError(f"bad Redis URL {safe_url}: {exc}") from None
-    own: dict[str, Any] = {k: params.pop(k) for k in OWN if k in params}
+    merged = {**params, **keywords}
+    own: dict[str, Any] = {k: merged.pop(k) for k in OWN if k in merged}
     for key, value in (("connect_timeout", connect_timeout), ("request_timeout", request_timeout),
                        ("prefix", prefix)):
         if value is not None:
             own[key] = value
-    merged = {**params, **keywords}
     cls = merged.pop("connection_class", Connection)
     if not (isinstance(cls, type) and issubclass(cls, AbstractConnection)):
         raise ValueError(f"connection_class must be a redis.asyncio connection class, got {cls!r}")
-    accepted = set(accepted_options(cls)) | {"host", "port", "path"}
-    unknown = sorted(set(merged) - accepted)
-    if unknown:
-        hint = ""
-        if any(u.startswith("ssl") for u in unknown) and not issubclass(cls, SSLConnection):
-            hint = " (TLS options need a rediss:// URL)"
-        raise ValueError(
-            f"unknown option(s) {', '.join(unknown)} for {safe_url}{hint}; accepted: "
-            + _listed(accepted_options(cls))
-        )
-    for alias, ours in _ALIASES.items():  # one timeout per kind, for every connection
-        if alias in merged:
-            value = _number(alias, merged.pop(alias))
-            if ours in own and _number(ours, own[ours]) != value:
-                raise ValueError(f"{alias}={value} and {ours}={own[ours]} disagree: give "
-                                 f"{ours} only (it applies to every connection)")
-            own[ours] = value
-    timeouts = {k: _number(k, own.get(k, 5.0)) for k in ("connect_timeout", "request_timeout")}
-    check_timeouts(**timeouts)
+    _check_known(merged, cls, safe_url)
+    timeouts = _timeouts(own, merged)
     pool_only = {k: merged.pop(k) for k in _POOL if k in merged}
     connection_kwargs = dict(merged, socket_connect_timeout=timeouts["connect_timeout"],
                              socket_timeout=timeouts["request_timeout"])
@@ -202,7 +192,45 @@ def resolve(
         prefix=str(own.get("prefix", "aiolock")),
         pool_kwargs=dict(connection_kwargs, connection_class=cls, **pool_only),
         single_connection_client=single, resp=resp, not_lean=not_lean,
+        scripting=_scripting(own.get("scripting", "auto")),
     )
+
+
+def _check_known(merged: dict[str, Any], cls: type, safe_url: str) -> None:
+    """ValueError naming every option of ``merged`` a URL of ``cls`` does not accept."""
+    accepted = set(accepted_options(cls)) | {"host", "port", "path"}
+    unknown = sorted(set(merged) - accepted)
+    if unknown:
+        hint = ""
+        if any(u.startswith("ssl") for u in unknown) and not issubclass(cls, SSLConnection):
+            hint = " (TLS options need a rediss:// URL)"
+        raise ValueError(
+            f"unknown option(s) {', '.join(unknown)} for {safe_url}{hint}; accepted: "
+            + _listed(accepted_options(cls))
+        )
+
+
+def _timeouts(own: dict[str, Any], merged: dict[str, Any]) -> dict[str, float]:
+    """The connect and request timeouts: aiolock's names, or redis-py's (taken out of
+    ``merged``), not both with different values."""
+    for alias, ours in _ALIASES.items():  # one timeout per kind, for every connection
+        if alias in merged:
+            value = _number(alias, merged.pop(alias))
+            if ours in own and _number(ours, own[ours]) != value:
+                raise ValueError(f"{alias}={value} and {ours}={own[ours]} disagree: give "
+                                 f"{ours} only (it applies to every connection)")
+            own[ours] = value
+    timeouts = {k: _number(k, own.get(k, 5.0)) for k in ("connect_timeout", "request_timeout")}
+    check_timeouts(**timeouts)
+    return timeouts
+
+
+def _scripting(value: Any) -> str:
+    if value not in SCRIPTING:
+        raise ValueError(f"scripting must be one of {', '.join(SCRIPTING)} (Lua scripts always, "
+                         f"never: WATCH/MULTI/EXEC transactions, or only if the server "
+                         f"refuses scripts), got {value!r}")
+    return str(value)
 
 
 def _same(a: Any, b: Any) -> bool:

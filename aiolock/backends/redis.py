@@ -142,9 +142,10 @@ class RedisBackend(Backend):
         options = resolve(url, safe, redis_options, connect_timeout=connect_timeout,
                           request_timeout=request_timeout, prefix=prefix)
         client = options.client()  # pub/sub; and the scripts if the lean one cannot
-        return cls(client, prefix=options.prefix, request_timeout=options.request_timeout,
-                   url=safe, owns_client=True, resp=options.resp,
-                   connect_timeout=options.connect_timeout)
+        from ._redis_txn import scripting_class  # issue 15: ?scripting=off|on|auto, see there
+        return scripting_class(cls, options.scripting)(
+            client, prefix=options.prefix, request_timeout=options.request_timeout, url=safe,
+            owns_client=True, resp=options.resp, connect_timeout=options.connect_timeout)
 
     @property
     def url(self) -> str:

@@ -64,10 +64,6 @@ tls_redis = session_server("tls_redis", TLSRedis)
 # green, the defect stays visible, and a fix turns the entry into an error to delete.
 _PASSWORD = "a refused URL's ValueError echoes its password: "
 KNOWN_DEFECTS: dict[str, str] = {
-    "test_acl_user_without_scripting_falls_back":
-        "SPEC §6: an ACL user without @scripting gets AccessDenied, no WATCH/MULTI fallback",
-    "test_scripting_off_is_honoured":
-        "SPEC §6: ?scripting=off is refused as an unknown option (not implemented)",
     "test_cancel_acquire_in_flight_to_frozen_zookeeper":
         "ZooKeeper: an acquire cancelled while its request is in flight to a frozen server "
         "leaves the lock held by nobody for the ttl (once: returned a held Lease instead)",

@@ -185,8 +185,8 @@ async def test_acl_user_without_scripting_falls_back(acl_redis: PasswordRedis) -
     async with asyncio.timeout(20), aiolock.connect(url) as locks:
         name = f"c-{uuid.uuid4().hex}"
         first = await locks.lock(name, ttl=5).acquire()
-        with pytest.raises(aiolock.LockTimeout):
-            await locks.lock(name, ttl=5).acquire(timeout=0)
+        with pytest.raises(aiolock.LockTimeout):  # another task (this one would deadlock)
+            await asyncio.create_task(locks.lock(name, ttl=5).acquire(timeout=0))
         await first.release()
         second = await locks.lock(name, ttl=5).acquire(timeout=2)
         assert second.token > first.token

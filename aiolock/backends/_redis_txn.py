@@ -1,0 +1,453 @@
+"""Redis without scripting: ``lock()`` as optimistic ``WATCH``/``MULTI``/``EXEC`` transactions.
+
+``redis://...?scripting=off`` builds :class:`RedisTxnBackend`; ``scripting=auto`` (the
+default) builds :class:`AutoRedisBackend`, which becomes a plain
+:class:`~aiolock.backends.redis.RedisBackend` at ``connect()`` (or its first request) if
+the server loads the Lua scripts, and a :class:`RedisTxnBackend` if it refuses them
+(``NOPERM``: an ACL user without ``@scripting``; ``unknown command``: scripting renamed
+away); ``scripting=on`` never falls back.
+
+The keys are the Lua path's (see :mod:`aiolock.backends._redis_scripts`), so a lock held
+through one path is held for the other: the lock hash ``<prefix>:lock:{<name>}`` (fields
+``owner``, ``token``, ``info``, ``since``; expires with the lease), the token counter ``...:seq`` (never
+expires) and, read only to hand the lock over, the Lua path's waiting queue ``...:q`` and
+waiter keys ``...:x:<owner>``. Each primitive is one transaction on a connection of its
+own for its round trips (see :mod:`aiolock.backends._redis_lend`; every option of the URL
+applies to it), renewals and releases in slots of their own (:data:`URGENT`):
+
+* acquire: ``WATCH`` the lock hash, the counter and the claim's waiter key, read them
+  and ``TIME`` (one round trip: all if the lock is held); if the lock is free,
+  ``MULTI``, ``INCR`` the counter, ``HSET`` owner, holder record and the token (the
+  counter's value + 1: it is watched, so that is what ``INCR`` returns), ``PEXPIRE``,
+  ``EXEC`` (a second). An aborted ``EXEC`` (another client changed a watched key) is
+  retried up to :data:`MAX_CONFLICTS` times, then answered :class:`~aiolock.abc.Busy`:
+  the core's waiting retries;
+* renew: ``WATCH`` every claim's hash, read their owners, ``PEXPIRE`` those still held in
+  one ``MULTI``/``EXEC``;
+* release: ``WATCH`` the hash, the counter and the queue; if this owner holds it, hand it
+  to the first live waiter of the Lua path (as its ``RELEASE`` does: new token, message
+  on that waiter's inbox), else ``DEL`` it and publish ``<owner>|`` on the lock's
+  channel, where the waiters of this path (and the Lua path's non-registering
+  listeners) listen;
+* abandon: the Lua path's tombstone on the claim's waiter key first (an acquire in
+  flight watches that key: it cannot grant after), then a release;
+* inspect: one ``MULTI``/``EXEC`` of reads.
+
+Trade-offs against the Lua path (docs/backends/redis-noscripting.md has figures): two
+round trips per uncontended acquisition instead of one; waiters are not registered on the
+server, so a release wakes every process waiting for the lock (each retries, one wins,
+the others' ``EXEC`` may abort); not fair; no read-write locks, semaphores, elections,
+listing or revocation (the capabilities say so). Holder records are kept: the lock
+hash's ``info`` and ``since`` (server ms of the grant, from ``TIME``) fields, as the Lua
+path keeps them (it may also leave ``gttl``, the lease's ms at a grant, which
+``inspect`` reads too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import re
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, ClassVar
+
+from redis import exceptions as rexc
+
+from .._holder import decode_holder
+from ..abc import REVOKED, Busy, Capability, Claim, Granted, Kind, LockInfo
+from ..errors import BackendUnavailable, LockError
+from ._redis_errors import CONNECTING, redis_error
+from ._redis_lend import ABORTED, Connections, Lent
+from ._resp import RespClient, ResponseError
+from .redis import TOMBSTONE_MS, RedisBackend
+
+__all__ = ["MAX_CONFLICTS", "AutoRedisBackend", "RedisTxnBackend", "scripting_class"]
+
+log = logging.getLogger("aiolock")
+
+#: Aborted ``EXEC`` in a row before an acquire answers Busy (a renewal or release raises).
+MAX_CONFLICTS = 5
+#: Seconds to wait (at most, jittered) before trying again after MAX_CONFLICTS aborts.
+CONFLICT_PAUSE = 0.005
+#: Queue entries a release looks at to find a live waiter of the Lua path.
+QUEUE_LOOK = 8
+#: Transactions at once for renewals, releases and abandons: they never queue behind
+#: acquisitions (at most MAX_IN_FLIGHT at once), which a burst of thousands would make
+#: wait past the leases' expiry.
+URGENT = 16
+
+_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError,
+                                            rexc.RedisError, ResponseError)
+#: A Lua waiter's registration (its waiter key's value): ``<lease ttl ms>|<inbox length>|
+#: <inbox><holder record>``, or (aiolock before holder records) ``<lease ttl ms>|<inbox>``.
+_REGISTRATION = re.compile(r"^(\d+)\|(\d+)\|(.*)$", re.DOTALL)
+_REGISTRATION_V1 = re.compile(r"^(\d+)\|(.+)$", re.DOTALL)
+
+
+class RedisTxnBackend(RedisBackend):
+    """Plain locks on one Redis server without Lua: ``WATCH``/``MULTI``/``EXEC``.
+
+    ``aiolock.connect("redis://host:port/db?scripting=off")``, or automatically where the
+    server refuses scripts (see the module doc). ``lock()`` only, not fair.
+    """
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS}
+    )
+    handoffs = False  # waiters listen on the lock's own channel, not on an inbox
+    #: aborted ``EXEC`` (conflicts with another client) since this backend was made
+    conflicts: int = 0
+
+    def __init__(self, client: Any, **options: Any) -> None:
+        lean = options.get("resp")
+        options["resp"] = None  # one pipelined connection cannot carry WATCH transactions
+        super().__init__(client, **options)
+        self._as_transactions(lean)
+
+    def _as_transactions(self, lean: RespClient | None) -> None:
+        """Transactions from now on (also after a fallback), each on a connection of its
+        own: like ``lean`` (its settings, not itself) if given, else of the client's pool."""
+        self.ordered = False
+        self._resp = None
+        self._call = self._limited_call
+        self._urgent = asyncio.Semaphore(URGENT)
+        self._connections = Connections(self._client, lean)
+        self._probed = False
+
+    async def aclose(self) -> None:
+        await self._connections.aclose()
+        await super().aclose()
+
+    async def connect(self) -> None:
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                await self._call("PING")
+        except _ERRORS as exc:
+            raise redis_error(exc, self._url, CONNECTING) from exc
+        await self._probe()
+
+    async def _probe(self) -> None:
+        """An empty transaction, once, before the first acquire: a user who may not run
+        ``MULTI``/``EXEC`` gets AccessDenied here, before any transaction of a lock (the
+        commands after a refused ``MULTI`` would run unguarded)."""
+        async with self._tx_lent("WATCH/MULTI/EXEC", urgent=True) as conn:
+            await conn.run(("WATCH", self._base("-")), ("MULTI",), ("EXEC",))
+        self._probed = True
+
+    @contextlib.asynccontextmanager
+    async def _tx_lent(self, what: str, urgent: bool = False) -> AsyncIterator[Lent]:
+        task = asyncio.current_task()
+        asked = task.cancelling() if task is not None else 0
+        async with self._urgent if urgent else self._in_flight:
+            try:
+                async with Lent(self._connections) as conn:
+                    yield conn
+            except _ERRORS as exc:
+                raise redis_error(exc, self._url, what) from exc
+        if task is not None and task.cancelling() > asked:
+            raise asyncio.CancelledError  # swallowed by a write on Python 3.11 (gh-86296)
+
+    # -- acquire --------------------------------------------------------------------------
+
+    async def try_acquire(self, claim: Claim) -> Granted | Busy:
+        if claim.kind is not Kind.LOCK:
+            raise LockError(f"{claim.kind.value} claims need Lua scripts ({self._url} runs "
+                            "without them: lock() only)")
+        if not self._probed:
+            await self._probe()
+        base = self._base(claim.name)
+        seq, mine = base + ":seq", base + ":x:" + claim.owner
+        async with self._tx_lent("WATCH/MULTI/EXEC acquire") as conn:
+            for _ in range(MAX_CONFLICTS):
+                _, (owner, token), pttl, last, mark, now = await conn.run(
+                    ("WATCH", base, seq, mine), ("HMGET", base, "owner", "token"),
+                    ("PTTL", base), ("GET", seq), ("GET", mine), ("TIME",),
+                )
+                if owner is not None or mark is not None:
+                    await conn.unwatch()
+                    if owner is not None and _text(owner) == claim.owner and int(pttl) > 0:
+                        return Granted(int(token), int(pttl))  # (it may expire between reads)
+                    if mark is not None:
+                        raise LockError(f"claim on {claim.name!r} was abandoned")
+                    return Busy(max(int(pttl), 1) / 1000)
+                token = int(last or 0) + 1
+                *_, done = await conn.run(
+                    ("MULTI",), ("INCR", seq),
+                    ("HSET", base, "owner", claim.owner, "token", token, "info", claim.info,
+                     "since", _ms(now)),
+                    ("PEXPIRE", base, claim.ttl_ms), ("EXEC",),
+                )
+                if done is not ABORTED:
+                    if int(done[0]) != token:
+                        raise LockError(f"token counter of {claim.name!r} moved under WATCH")
+                    return Granted(token, claim.ttl_ms)
+                self.conflicts += 1
+        return Busy(random.uniform(CONFLICT_PAUSE / 5, CONFLICT_PAUSE))
+
+    # -- renew ----------------------------------------------------------------------------
+
+    async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
+        if not claims:
+            return []
+        keys = [self._base(c.name, c.kind) for c in claims]
+        out: list[int | None] = [None] * len(claims)
+        groups, aborts = [list(range(len(claims)))], 0
+        async with self._tx_lent("WATCH/MULTI/EXEC renew", urgent=True) as conn:
+            while groups:
+                group = groups.pop()
+                if await self._renew_group(conn, claims, keys, group, out):
+                    continue
+                # Aborted: a watched key changed -- most likely a lease of the batch that
+                # expired. Halves are renewed apart, so one such key costs one lease only.
+                self.conflicts += 1
+                aborts += 1
+                if aborts > MAX_CONFLICTS + 2 * len(claims):
+                    raise BackendUnavailable(f"renewals on {self._url} kept conflicting "
+                                             f"with other clients ({aborts} aborted EXEC)")
+                half = len(group) // 2
+                groups += [group[:half], group[half:]] if half else [group]
+            gone = [i for i, ms in enumerate(out) if ms is None]
+            if gone:  # revoked by an operator (the Lua path's mark), or just gone?
+                marks, _ = await conn.run(("MGET", *(f"{keys[i]}:x:{claims[i].owner}"
+                                                     for i in gone)), ("UNWATCH",))
+                for i, mark in zip(gone, marks, strict=True):
+                    out[i] = REVOKED if mark is not None and _text(mark) == "v" else None
+        return out
+
+    async def _renew_group(
+        self, conn: Lent, claims: Sequence[Claim], keys: list[str], group: list[int],
+        out: list[int | None],
+    ) -> bool:
+        """One transaction renewing the claims of ``group`` still held (their ttl into
+        ``out``); False if its EXEC aborted."""
+        _, *owners = await conn.run(("WATCH", *(keys[i] for i in group)),
+                                    *(("HGET", keys[i], "owner") for i in group))
+        held = [i for i, o in zip(group, owners, strict=True)
+                if o is not None and _text(o) == claims[i].owner]
+        if not held:
+            await conn.unwatch()
+            return True
+        *_, done = await conn.run(
+            ("MULTI",), *(("PEXPIRE", keys[i], claims[i].ttl_ms) for i in held), ("EXEC",))
+        if done is ABORTED:
+            return False
+        for i, ok in zip(held, done, strict=True):
+            out[i] = claims[i].ttl_ms if int(ok) else None
+        return True
+
+    # -- release --------------------------------------------------------------------------
+
+    async def release(self, claim: Claim) -> bool:
+        base = self._base(claim.name)
+        noted = self.signals.note_local_release(base, claim.owner)
+        released = freed = False
+        try:
+            released, freed = await self._tx_release(claim)
+        finally:
+            if noted and not freed:
+                self.signals.forget_local_release(claim.owner)  # nothing on the lock's channel
+        return released
+
+    async def abandon(self, claim: Claim) -> None:
+        tomb = max(TOMBSTONE_MS, 2 * claim.ttl_ms)
+        mine = self._base(claim.name) + ":x:" + claim.owner
+        await self._tx_release(claim, first=("SET", mine, "a", "PX", tomb))
+
+    async def _tx_release(
+        self, claim: Claim, first: tuple[Any, ...] | None = None,
+    ) -> tuple[bool, bool]:
+        """Release ``claim`` if it holds (after ``first``, a command sent before the
+        WATCH): hand the lock to the Lua path's first live waiter, or free it and say so
+        on the lock's channel. (released, freed)."""
+        base = self._base(claim.name)
+        seq, queue = base + ":seq", base + ":q"
+        async with self._tx_lent("WATCH/MULTI/EXEC release", urgent=True) as conn:
+            for _ in range(2 * MAX_CONFLICTS):
+                ahead = (first,) if first is not None else ()
+                *_, owner, waiting, last = await conn.run(
+                    *ahead, ("WATCH", base, seq, queue), ("HGET", base, "owner"),
+                    ("LRANGE", queue, 0, QUEUE_LOOK - 1), ("GET", seq),
+                )
+                first = None
+                if owner is None or _text(owner) != claim.owner:
+                    await conn.unwatch()
+                    return False, False
+                plan = await self._tx_plan(conn, base, claim.owner, waiting, last)
+                *_, done = await conn.run(("MULTI",), *plan, ("EXEC",))
+                if done is not ABORTED:
+                    return True, plan[-1][1] == base
+                self.conflicts += 1
+        raise BackendUnavailable(f"the release of {claim.name!r} on {self._url} kept "
+                                 f"conflicting with other clients")
+
+    async def _tx_plan(
+        self, conn: Lent, base: str, me: str, waiting: list[Any], last: Any,
+    ) -> list[tuple[Any, ...]]:
+        """The commands of a release inside MULTI: to the first live waiter of the Lua
+        path if any (its waiter key now watched too), else free."""
+        queue, plan = base + ":q", []
+        if waiting:
+            names = [_text(w) for w in waiting]
+            xkeys = [f"{base}:x:{w}" for w in names]
+            _, values, now = await conn.run(("WATCH", *xkeys), ("MGET", *xkeys), ("TIME",))
+            for i, (name, value) in enumerate(zip(names, values, strict=True)):
+                found = _registration(value)
+                if found is None:
+                    continue
+                ttl, inbox, info = found
+                token = int(last or 0) + 1
+                return [
+                    ("LTRIM", queue, i + 1, -1), ("INCR", base + ":seq"),
+                    ("HSET", base, "owner", name, "token", token, "info", info,
+                     "since", _ms(now)),
+                    ("PEXPIRE", base, ttl), ("PUBLISH", inbox, f"{base}|{name}|{token}"),
+                ]
+            plan.append(("LTRIM", queue, len(names), -1))  # none alive among them
+        return [*plan, ("DEL", base), ("PUBLISH", base, f"{me}|")]
+
+    # -- inspect --------------------------------------------------------------------------
+
+    async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
+        if kind is not Kind.LOCK:
+            raise ValueError(f"{self._url} runs without Lua scripts: only lock() names can "
+                             f"be inspected, got kind {kind.value!r}")
+        base = self._base(name)
+        async with self._tx_lent("MULTI/EXEC inspect") as conn:
+            *_, done = await conn.run(
+                ("MULTI",), ("HMGET", base, "owner", "token", "info", "since", "gttl"),
+                ("PTTL", base), ("GET", base + ":seq"), ("LLEN", base + ":q"), ("TIME",),
+                ("EXEC",),
+            )
+        (owner, token, info, since, gttl), pttl, last, queued, now = done
+        held = owner is not None
+        held_for = _held_for(since, gttl, int(pttl), _ms(now))
+        return LockInfo(
+            name, held, holders=int(held), token=int(token) if held else None,
+            last_token=int(last) if last is not None else None,
+            ttl_left=int(pttl) / 1000 if held and int(pttl) >= 0 else None, waiters=int(queued),
+            held_by=(decode_holder(info, held_for),) if held else (),
+        )
+
+
+class AutoRedisBackend(RedisBackend):
+    """``scripting=auto``: at ``connect()`` (or its first request) this object becomes a
+    :class:`RedisBackend` if the server loads the scripts, a :class:`RedisTxnBackend`
+    if it refuses them."""
+
+    def __init__(self, client: Any, **options: Any) -> None:
+        super().__init__(client, **options)
+        self._deciding = asyncio.Lock()
+
+    async def connect(self) -> None:
+        await self._decide()
+
+    async def try_acquire(self, claim: Claim) -> Granted | Busy:
+        await self._decide()
+        return await self.try_acquire(claim)  # the class it became
+
+    async def abandon(self, claim: Claim) -> None:
+        await self._decide()
+        await self.abandon(claim)
+
+    async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
+        await self._decide()
+        return await self.inspect(name, kind)
+
+    async def _decide(self) -> None:
+        async with self._deciding:
+            if type(self) is not AutoRedisBackend:
+                return  # decided meanwhile
+            try:
+                await RedisBackend.connect(self)  # loads the scripts on the lean connection
+                if not self.ordered:
+                    try:
+                        async with asyncio.timeout(self._connect_timeout):
+                            await self._load_scripts()
+                    except _ERRORS as exc:
+                        raise redis_error(exc, self._url, "SCRIPT LOAD") from exc
+            except LockError as exc:
+                if not _refuses_scripts(exc):
+                    raise
+                await self._fall_back(exc)
+                return
+            _become(self, RedisBackend)
+
+    async def _fall_back(self, refusal: LockError) -> None:
+        """Become a RedisTxnBackend, if the server lets this user run transactions
+        (else the refusal of the scripts is the error to show)."""
+        resp = self._resp
+        _become(self, RedisTxnBackend)
+        assert isinstance(self, RedisTxnBackend)
+        self._as_transactions(resp)
+        if resp is not None:
+            await resp.aclose()
+        try:
+            await self._probe()
+        except LockError:
+            _become(self, AutoRedisBackend)  # undecided: the next request asks again
+            raise refusal from refusal.__cause__
+        log.info("Redis at %s refuses Lua scripts (%s): lock() runs as WATCH/MULTI/EXEC "
+                 "transactions (not fair; no rwlock, semaphore or election)",
+                 self._url, refusal.__cause__ or refusal)
+
+
+def _refuses_scripts(exc: BaseException) -> bool:
+    """True if ``exc`` (or its cause) is the server refusing EVALSHA or SCRIPT LOAD."""
+    for error in (exc, exc.__cause__):
+        text = str(error).lower()
+        if (("noperm" in text or "no permissions" in text or "unknown command" in text)
+                and ("script" in text or "eval" in text)):
+            return True
+    return False
+
+
+def scripting_class(cls: type[RedisBackend], scripting: str) -> type[RedisBackend]:
+    """The class ``RedisBackend.from_url`` builds for ``?scripting=`` (on, off, auto)."""
+    if cls is not RedisBackend or scripting == "on":
+        if scripting == "off":
+            raise ValueError(f"scripting=off is for redis://, rediss:// and unix:// URLs "
+                             f"({cls.__name__} needs its scripts)")
+        return cls
+    return RedisTxnBackend if scripting == "off" else AutoRedisBackend
+
+
+def _become(backend: AutoRedisBackend, cls: type[RedisBackend]) -> None:
+    """Decided: ``backend`` is a ``cls`` from now on (both share RedisBackend's state)."""
+    backend.__class__ = cls  # type: ignore[assignment]
+
+
+def _registration(value: Any) -> tuple[int, str, str] | None:
+    """A Lua waiter's registration -> (lease ttl ms, inbox, holder record); None for
+    anything else (no waiter key, a tombstone, a release or revocation mark)."""
+    if value is None:
+        return None
+    text = _text(value)
+    found = _REGISTRATION.match(text)
+    if found is not None and int(found[2]) <= len(found[3]):
+        n = int(found[2])
+        return int(found[1]), found[3][:n], found[3][n:]
+    old = _REGISTRATION_V1.match(text)
+    return (int(old[1]), old[2], "") if old is not None else None
+
+
+def _held_for(since: Any, gttl: Any, pttl: int, now: int) -> float | None:
+    """Seconds a lock hash's holder has held it: from ``since`` (server ms of the grant),
+    or, where the Lua path granted it without reading the clock, from ``gttl`` (the
+    lease's ms at the grant) and the ms left; None if neither is known."""
+    if since is not None:
+        return max(now - int(since), 0) / 1000
+    if gttl is not None and pttl >= 0:
+        return max(int(gttl) - pttl, 0) / 1000
+    return None
+
+
+def _ms(time_reply: Any) -> int:
+    """A ``TIME`` reply (seconds, microseconds) in milliseconds."""
+    return int(time_reply[0]) * 1000 + int(time_reply[1]) // 1000
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
