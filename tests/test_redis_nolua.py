@@ -135,7 +135,8 @@ def test_scripting_value_refused_saying_what_is_accepted(nolua: str, value: str)
         aiolock.connect(nolua, scripting=True)
 
 
-@pytest.mark.parametrize("url", ["redis+cluster://127.0.0.1:1", "redis+sentinel://127.0.0.1:1/m"])
+@pytest.mark.parametrize("url", ["redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+                                 "redis+cluster://127.0.0.1:1", "redis+sentinel://127.0.0.1:1/m"])
 def test_scripting_refused_where_scripts_are_needed(url: str) -> None:
     for query, keywords in (("?scripting=off", {}), ("", {"scripting": "off"})):
         with pytest.raises(ValueError, match="scripting"):

@@ -48,6 +48,8 @@ def parse_url(
     # any other query option is a node's (RedisBackend checks it, and names it if bad)
     node_query = urlencode([(k, v) for k, v in pairs if k not in _OWN_OPTIONS and k != "ssl"])
     tls = node_options.pop("ssl", None)
+    if "scripting" in node_options or "scripting" in dict(pairs):  # issue 15: never off
+        raise ValueError("unknown option scripting for redlock:// (its nodes run Lua scripts)")
     if tls is None:
         tls = dict(pairs).get("ssl", "false").lower() in ("1", "true", "yes", "on")
     hosts = parse_hosts(shown, hostlist, 6379, accepted)
@@ -68,7 +70,7 @@ def parse_url(
     tail = f"?{node_query}" if node_query else ""
     nodes = [RedisBackend.from_url(
         f"{scheme}://{auth}{node}/{db or 0}{tail}", connect_timeout=number["connect_timeout"],
-        request_timeout=number["request_timeout"], prefix=prefix, **node_options,
+        request_timeout=number["request_timeout"], prefix=prefix, scripting="on", **node_options,
     ) for node in where]
     safe = "redlock://" + ",".join(where) + (f"/{db}" if db else "")
     return nodes, number["drift_factor"], safe

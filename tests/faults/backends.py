@@ -310,6 +310,8 @@ BACKENDS: dict[str, BackendSpec] = {spec.key: spec for spec in [
                 forgets_why="restart without AOF: leases and the token counter are gone"),
     BackendSpec("redis-aof", "redis", lambda: AofRedisServer("always"), _REDIS, _RESTART, weight=21,
                 row="redis"),
+    BackendSpec("redis-nolua", "redis", lambda: AofRedisServer("always"),
+                _at("redis://127.0.0.1:{port}/0?scripting=off"), _RESTART, weight=21),
     BackendSpec("redis-aof-everysec", "redis", lambda: AofRedisServer("everysec"), _REDIS, _RESTART,
                 forgets=["restart"], row="redis",
                 forgets_why="appendfsync everysec: a kill -9 may lose the last acknowledged writes "
