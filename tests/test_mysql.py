@@ -256,6 +256,28 @@ async def test_row_mode_try_on_a_held_row_is_busy_at_once(db: MariaDBServer, nam
             await got[0].release()
 
 
+async def test_row_mode_wait_outlasts_innodb_lock_wait_timeout(
+        db: MariaDBServer, name: str, caplog: pytest.LogCaptureFixture) -> None:
+    # a queued claim waits until the row is free, not innodb_lock_wait_timeout (the
+    # INSERT ahead of the wait used to be bounded by it, and failed the acquire)
+    before = db.sql("SELECT @@GLOBAL.innodb_lock_wait_timeout").strip()
+    db.sql("SET GLOBAL innodb_lock_wait_timeout = 1")  # new sessions start with 1 s
+    try:
+        url = db.url + "?mode=row"
+        async with aiolock.connect(url) as a, aiolock.connect(url) as b:
+            lease = await a.lock(name, ttl=5).acquire()
+            waiting = asyncio.create_task(b.lock(name, ttl=5).acquire(timeout=10))
+            await asyncio.sleep(2)
+            assert not waiting.done()
+            await lease.release()
+            other = await asyncio.wait_for(waiting, 3)
+            assert other.token > lease.token
+            await other.release()
+    finally:
+        db.sql(f"SET GLOBAL innodb_lock_wait_timeout = {int(before)}")
+    assert "failed" not in caplog.text
+
+
 # -- URLs and errors -----------------------------------------------------------------------
 
 
