@@ -226,6 +226,58 @@ async def test_row_mode_excludes_waits_and_frees_on_kill(db: MariaDBServer, name
         await other.release()
 
 
+async def test_row_mode_try_on_a_held_row_is_busy_at_once(db: MariaDBServer, name: str) -> None:
+    # an INSERT of the row ahead of the NOWAIT lock waited for the holder's row lock:
+    # every try on a held name hung for request_timeout and raised BackendUnavailable
+    url = db.url + "?mode=row&request_timeout=3"
+    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
+        for prim in (lambda c: c.lock(name, ttl=5), lambda c: c.election(name, ttl=5).campaign()):
+            lease = await prim(a).acquire(timeout=0)
+            for _ in range(3):
+                started = time.monotonic()
+                with pytest.raises(aiolock.LockTimeout):
+                    await prim(b).acquire(timeout=0)
+                assert time.monotonic() - started < 1
+            await lease.release()
+        # first use of a name, tried at once from several connections: one wins, the
+        # others are busy (the row is made outside the lock's transaction, raced)
+        async with aiolock.connect(url) as c:
+            conns = [a, b, c]
+
+            async def one(i: int) -> aiolock.Lease | None:
+                try:
+                    return await conns[i % 3].lock(f"{name}-new", ttl=5).acquire(timeout=0)
+                except aiolock.LockTimeout:
+                    return None
+
+            started = time.monotonic()
+            got = [x for x in await asyncio.gather(*(one(i) for i in range(9))) if x is not None]
+            assert len(got) == 1 and time.monotonic() - started < 2
+            await got[0].release()
+
+
+async def test_row_mode_wait_outlasts_innodb_lock_wait_timeout(
+        db: MariaDBServer, name: str, caplog: pytest.LogCaptureFixture) -> None:
+    # a queued claim waits until the row is free, not innodb_lock_wait_timeout (the
+    # INSERT ahead of the wait used to be bounded by it, and failed the acquire)
+    before = db.sql("SELECT @@GLOBAL.innodb_lock_wait_timeout").strip()
+    db.sql("SET GLOBAL innodb_lock_wait_timeout = 1")  # new sessions start with 1 s
+    try:
+        url = db.url + "?mode=row"
+        async with aiolock.connect(url) as a, aiolock.connect(url) as b:
+            lease = await a.lock(name, ttl=5).acquire()
+            waiting = asyncio.create_task(b.lock(name, ttl=5).acquire(timeout=10))
+            await asyncio.sleep(2)
+            assert not waiting.done()
+            await lease.release()
+            other = await asyncio.wait_for(waiting, 3)
+            assert other.token > lease.token
+            await other.release()
+    finally:
+        db.sql(f"SET GLOBAL innodb_lock_wait_timeout = {int(before)}")
+    assert "failed" not in caplog.text
+
+
 # -- URLs and errors -----------------------------------------------------------------------
 
 

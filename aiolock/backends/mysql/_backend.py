@@ -58,6 +58,8 @@ class MySQLBackend(SQLBackend):
         )
         #: a session's idle time in ms from PROCESSLIST (MariaDB has TIME_MS; MySQL, TIME)
         self._idle_ms = "p.TIME * 1000"
+        #: the server is MariaDB (MySQL: the defaults above)
+        self._mariadb = False
         #: listeners of elections by name (observers, campaigners): woken when this
         #: backend grants, proclaims or gives back a leadership; others poll (ttl/2)
         self._elections: dict[str, set[Waiter]] = {}
@@ -99,7 +101,7 @@ class MySQLBackend(SQLBackend):
             client_flag=flags.MULTI_STATEMENTS, program_name="aiolock",
         )
         if "mariadb" in conn.get_server_info().lower():
-            self._idle_ms = "p.TIME_MS"
+            self._idle_ms, self._mariadb = "p.TIME_MS", True
         return conn
 
     def _error(self, exc: Exception) -> LockError:

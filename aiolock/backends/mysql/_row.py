@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ...abc import Capability, Claim, Kind, LockInfo
+from ...errors import LockError
 from .._sql_claim import ClaimState, Renewal
 from .._sql_row import RowMode
 from . import _statements as sql
@@ -32,27 +33,32 @@ class MySQLRowBackend(RowMode, MySQLBackend):
     )
 
     async def _lock_row(self, conn: Any, claim: Claim, *, nowait: bool) -> bool:
+        """Lock the row in a READ COMMITTED transaction (each renewal's plain read then
+        sees a revocation committed since it began; REPEATABLE READ keeps its first
+        snapshot). The row is made only when missing, outside that transaction: an
+        ``INSERT`` of a row that exists waits for the row lock, and a try must not wait."""
         family, name = claim.kind.family, name_bytes(claim.name)
-        await run(conn, "INSERT INTO aiolock_rows (family, name) VALUES (%s, %s)"
-                  " ON DUPLICATE KEY UPDATE family = family", (family, name))
-        if not nowait:  # the wait is bounded by innodb_lock_wait_timeout: make it long
-            await run(conn, "SET SESSION innodb_lock_wait_timeout = %s", (sql.FOREVER,))
+        # innodb_lock_wait_timeout bounds the INSERT of a row made concurrently (a try:
+        # no wait; MySQL's floor is 1 s) and the wait of a queued claim (forever)
+        wait = (0 if self._mariadb else 1) if nowait else sql.FOREVER
+        lock = ("SET SESSION wait_timeout = %s, innodb_lock_wait_timeout = %s;"
+                " SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;"
+                " SELECT 1 FROM aiolock_rows WHERE family = %s AND name = %s"
+                f" FOR UPDATE{' NOWAIT' if nowait else ''}")
+        args = (seconds(claim.ttl_ms), wait, family, name)
         try:
-            # READ COMMITTED: each renewal's plain read sees a revocation committed since
-            # the transaction began (REPEATABLE READ would keep its first snapshot)
-            await run(
-                conn,
-                "SET SESSION wait_timeout = %s; SET TRANSACTION ISOLATION LEVEL READ COMMITTED;"
-                " START TRANSACTION; SELECT 1 FROM aiolock_rows WHERE family = %s AND name = %s"
-                f" FOR UPDATE{' NOWAIT' if nowait else ''}",
-                (seconds(claim.ttl_ms), family, name),
-            )
+            if await run(conn, lock, args):
+                return True
+            await run(conn, "ROLLBACK; INSERT INTO aiolock_rows (family, name) VALUES (%s, %s)"
+                      " ON DUPLICATE KEY UPDATE family = family", (family, name))
+            if await run(conn, lock, args):
+                return True
         except asyncmy().errors.MySQLError as exc:
             if code(exc) not in _LOCKED_ERRORS:
                 raise
-            await run(conn, "ROLLBACK; SET SESSION wait_timeout = @@GLOBAL.wait_timeout")
+            await run(conn, sql.ROW_RESET)
             return False
-        return True
+        raise LockError(f"the row of {claim.name!r} in aiolock_rows vanished")  # never deleted
 
     async def _record(self, conn: Any, claim: Claim) -> int:
         family, name = claim.kind.family, name_bytes(claim.name)

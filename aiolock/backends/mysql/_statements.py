@@ -10,8 +10,8 @@ from .._sql_claim import digest
 
 __all__ = [
     "FOREVER", "GRANT_TAIL", "INSPECT", "INSPECT_SEM", "RECORD", "RELEASE", "RENEW", "REVOKE",
-    "ROW_INSPECT", "ROW_RELEASE", "ROW_RENEW", "ROW_SET_INFO", "SCAN", "SCHEMA", "SET_INFO", "lock_key",
-    "like_prefix",
+    "ROW_INSPECT", "ROW_RELEASE", "ROW_RENEW", "ROW_RESET", "ROW_SET_INFO", "SCAN", "SCHEMA",
+    "SET_INFO", "lock_key", "like_prefix",
 ]
 
 #: A blocking ``GET_LOCK``'s timeout (s): "forever" (MariaDB refuses negative values).
@@ -117,11 +117,13 @@ RECORD = (
 ROW_RENEW = ("SET SESSION wait_timeout = %s; SELECT EXISTS (SELECT 1 FROM aiolock_holders"
              " WHERE family = %s AND name = %s AND slot = 0 AND owner = %s)")
 
-#: Row mode: end the transaction (the row lock with it), forget the holder row.
-ROW_RELEASE = (
-    "ROLLBACK; SET SESSION wait_timeout = @@GLOBAL.wait_timeout,"
-    " innodb_lock_wait_timeout = @@GLOBAL.innodb_lock_wait_timeout;"
-    " DELETE FROM aiolock_holders WHERE family = %s AND name = %s AND slot = 0 AND owner = %s"
+#: Row mode: end the transaction (and the row lock with it), put the session's timeouts back.
+ROW_RESET = ("ROLLBACK; SET SESSION wait_timeout = @@GLOBAL.wait_timeout,"
+             " innodb_lock_wait_timeout = @@GLOBAL.innodb_lock_wait_timeout")
+
+#: Row mode: give the row lock back (:data:`ROW_RESET`), forget the holder row.
+ROW_RELEASE = ROW_RESET + (
+    "; DELETE FROM aiolock_holders WHERE family = %s AND name = %s AND slot = 0 AND owner = %s"
 )
 
 #: Row mode: is the row locked (a ``SKIP LOCKED`` probe in a transaction of its own), and
