@@ -100,7 +100,9 @@ async def _serve_async(impl: str, hosts: str, name: str, tasks: int, prof: Any) 
         if impl == "aiolock":
             import aiolock
 
-            locks = await stack.enter_async_context(aiolock.connect(f"zookeeper://{hosts}/bench-procs"))
+            # (a connect timeout as long as kazoo's start timeout: a shared machine's load)
+            locks = await stack.enter_async_context(
+                aiolock.connect(f"zookeeper://{hosts}/bench-procs", connect_timeout=15))
             lock = locks.lock(name, ttl=TTL)
 
             async def release_lease(lease: Any) -> None:

@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Self
 
@@ -74,6 +75,10 @@ class ZooKeeperServer(ServerProcess):
     @property
     def url(self) -> str:
         return f"zookeeper://127.0.0.1:{self.port}/aiolock-test"
+
+    def fresh_url(self) -> str:
+        """A URL with a chroot of its own: nothing a test leaves behind disturbs another."""
+        return f"zookeeper://127.0.0.1:{self.port}/aiolock-{uuid.uuid4().hex[:8]}"
 
     def _write_config(self) -> Path:
         data = self.dir / "data"

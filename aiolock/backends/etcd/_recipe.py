@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...abc import Claim, Kind
+from .. import _queue
 
 KIND = {Kind.LOCK: "lock", Kind.READ: "read", Kind.WRITE: "write", Kind.PERMIT: "permit",
         Kind.LEADER: "leader"}
@@ -57,31 +58,13 @@ def entries(kvs: Sequence[Any], prefix: bytes) -> list[Entry]:
 
 
 def holders(entries: list[Entry], limit: int) -> list[Entry]:
-    """The entries in a granted position."""
-    if not entries:
-        return []
-    family = entries[0].kind.family
-    if family in ("lock", "elect"):
-        return entries[:1]
-    if family == "sem":
-        return entries[:limit]
-    if entries[0].kind is Kind.WRITE:
-        return entries[:1]
-    out = []
-    for entry in entries:
-        if entry.kind is Kind.WRITE:
-            break
-        out.append(entry)
-    return out
+    """The entries in a granted position (:func:`aiolock.backends._queue.holders`)."""
+    return _queue.holders(entries, limit)
 
 
 def watch_targets(entries: list[Entry], index: int, claim: Claim) -> list[Entry]:
     """The entries whose deletion may grant the one at ``index`` (not granted now)."""
-    if claim.kind is Kind.READ:
-        return [e for e in entries[:index] if e.kind is Kind.WRITE][-1:]
-    if claim.kind is Kind.PERMIT:
-        return entries[max(0, index - claim.limit) : index]
-    return entries[index - 1 : index]
+    return _queue.watch_targets(entries, index, claim.kind, claim.limit)
 
 
 def range_end(prefix: bytes) -> bytes:

@@ -1,0 +1,68 @@
+"""ZooKeeper handoff without a listing: a waiter told by its watch that every node before
+it is gone holds at once (no node can join before it: sequence numbers only grow); a
+waiter whose predecessor merely gave up its place must still wait for the holder."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import aiolock
+
+from .zk_server import ZooKeeperServer, zookeeper_classpath
+
+pytest.importorskip("aiozk")
+
+from aiolock.backends.zookeeper import ZooKeeperBackend
+
+if zookeeper_classpath() is None:
+    pytest.skip("ZooKeeper is not installed (apt-get install zookeeper)", allow_module_level=True)
+
+
+@pytest.fixture
+def url(zk_server: ZooKeeperServer) -> str:  # (zk_server: tests/conftest.py)
+    return zk_server.fresh_url()
+
+
+def _count_listings(locks: aiolock.Locks) -> list[str]:
+    backend = locks.backend
+    assert isinstance(backend, ZooKeeperBackend)
+    listed: list[str] = []
+    real = backend._children
+
+    async def children(parent: str) -> list[str]:
+        listed.append(parent)
+        return await real(parent)
+
+    backend._children = children  # type: ignore[method-assign]
+    return listed
+
+
+async def test_the_next_in_line_holds_without_a_listing(url: str) -> None:
+    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
+        held = await a.lock("n", ttl=5).acquire()
+        waiting = asyncio.create_task(b.lock("n", ttl=5).acquire(timeout=5))
+        await asyncio.sleep(0.3)
+        listed = _count_listings(b)
+        await held.release()
+        lease = await waiting
+        assert lease.token > held.token and listed == []
+        await lease.release()
+
+
+async def test_a_predecessor_giving_up_grants_nothing(url: str) -> None:
+    async with (aiolock.connect(url) as a, aiolock.connect(url) as b,
+                aiolock.connect(url) as c):
+        held = await a.lock("n", ttl=5).acquire()
+        quitter = asyncio.create_task(b.lock("n", ttl=5).acquire(timeout=0.6))
+        await asyncio.sleep(0.2)
+        last = asyncio.create_task(c.lock("n", ttl=5).acquire(timeout=5))
+        with pytest.raises(aiolock.LockTimeout):
+            await quitter  # its node, just before c's, is deleted
+        await asyncio.sleep(0.3)
+        assert not last.done() and not held.lost
+        await held.release()
+        lease = await last
+        assert lease.token > held.token
+        await lease.release()
