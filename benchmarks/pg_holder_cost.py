@@ -1,8 +1,9 @@
-"""Uncontended acquisitions/s on PostgreSQL: this tree vs another (e.g. main before holder
-records), in the same run, alternating (and which goes first), on a private server
-(tests/pg_server.py).
+"""Uncontended acquisitions/s on PostgreSQL (or MySQL/MariaDB): this tree vs another (e.g.
+main before a change), in the same run, alternating (and which goes first), on a private
+server (tests/pg_server.py, tests/mysql_server.py).
 
     python benchmarks/pg_holder_cost.py --baseline /work/main [--runs 3] [--seconds 3]
+        [--backend postgres|mysql]
 
 Each pass is a subprocess with ``PYTHONPATH`` set to one tree, timing ``acquire`` +
 ``release`` of one lock (with a 40-character ``data`` record) on its own database, so
@@ -18,6 +19,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -59,21 +61,36 @@ async def make_databases(url: str, names: list[str]) -> None:
         await conn.close()
 
 
+def start_server(backend: str) -> tuple[Any, dict[str, str]]:
+    """The server and a fresh database URL per tree, so both start from the same tables."""
+    if backend == "mysql":
+        from tests.mysql_server import USER, MariaDBServer
+
+        my = MariaDBServer().start()
+        my.sql("CREATE DATABASE bench_base; CREATE DATABASE bench_this;"
+               f" GRANT ALL ON bench_base.* TO '{USER}'@'127.0.0.1';"
+               f" GRANT ALL ON bench_this.* TO '{USER}'@'127.0.0.1';")
+        base = my.url.rpartition("/")[0]
+        return my, {"baseline": f"{base}/bench_base", "this": f"{base}/bench_this"}
+    from tests.pg_server import PostgresServer
+
+    pg = PostgresServer().start()
+    asyncio.run(make_databases(pg.url, ["bench_base", "bench_this"]))
+    base = pg.url.rpartition("/")[0]
+    return pg, {"baseline": f"{base}/bench_base", "this": f"{base}/bench_this"}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", required=True, help="the other tree (a checkout of main)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--backend", choices=["postgres", "mysql"], default="postgres")
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
-    from tests.pg_server import PostgresServer
-
-    server = PostgresServer().start()
+    server, urls = start_server(args.backend)
     try:
-        base = server.url.rpartition("/")[0]
-        asyncio.run(make_databases(server.url, ["bench_base", "bench_this"]))
-        trees = {"baseline": (args.baseline, f"{base}/bench_base"),
-                 "this": (str(HERE), f"{base}/bench_this")}
+        trees = {"baseline": (args.baseline, urls["baseline"]), "this": (str(HERE), urls["this"])}
         results: dict[str, list[float]] = {k: [] for k in trees}
         for i in range(args.runs):
             order = list(trees.items())

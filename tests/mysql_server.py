@@ -10,14 +10,14 @@ package (``/usr/sbin/mariadbd``, ``mariadb-install-db``, the ``mariadb`` client)
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import signal
 import subprocess
 import time
 from typing import Any
 
-from .servers import ServerProcess, wait_port
+from .db_server import DatabaseServer
+from .servers import wait_port
 
 __all__ = ["MariaDBServer", "find_mariadbd"]
 
@@ -36,12 +36,11 @@ def find_mariadbd() -> str | None:
     return None
 
 
-class MariaDBServer(ServerProcess):
+class MariaDBServer(DatabaseServer):
     """A ``mariadbd`` child process on a free loopback port; ``url`` points at it."""
 
-    restart_signal = signal.SIGKILL  # a crash: InnoDB recovers committed tokens
-    close_signal = signal.SIGKILL
-    stop_wait = 20.0
+    account = "mysql"
+    restart_signal = close_signal = signal.SIGKILL  # a crash: InnoDB recovers committed tokens
 
     def __init__(self, *, port: int | None = None, database: str = "aiolock") -> None:
         exe = find_mariadbd()
@@ -49,17 +48,10 @@ class MariaDBServer(ServerProcess):
         client = shutil.which("mariadb") or shutil.which("mysql")
         if exe is None or install is None or client is None:
             raise RuntimeError("MariaDB is not installed (apt-get install mariadb-server)")
-        super().__init__(port=port, prefix="aiolock-mariadb-")
+        super().__init__(port=port, database=database, prefix="aiolock-mariadb-")
         self.exe = exe
         self.client = client
-        self.database = database
-        self.data = self.dir / "data"
         self.socket = self.dir / "mysqld.sock"
-        self._as_root = os.geteuid() == 0
-        self.os_user = "mysql" if self._as_root else pwd.getpwuid(os.geteuid()).pw_name
-        if self._as_root:
-            pw = pwd.getpwnam("mysql")
-            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
         subprocess.run(
             [install, "--no-defaults", f"--datadir={self.data}", f"--user={self.os_user}",
              "--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve"],

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -20,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .servers import ServerProcess, wait_port
+from .db_server import DatabaseServer
+from .servers import wait_port
 
 __all__ = ["PostgresServer", "find_pg_bin"]
 
@@ -44,26 +44,19 @@ def _version(path: str) -> float:
         return 0.0
 
 
-class PostgresServer(ServerProcess):
+class PostgresServer(DatabaseServer):
     """A ``postgres`` child process on a free loopback port; ``url`` points at it."""
 
-    restart_signal = signal.SIGINT  # fast shutdown: every session is terminated
-    close_signal = signal.SIGINT
-    stop_wait = 20.0
+    account = "postgres"
+    restart_signal = close_signal = signal.SIGINT  # fast shutdown: every session is terminated
 
     def __init__(self, *, port: int | None = None, database: str = "aiolock") -> None:
         bin_dir = find_pg_bin()
         if bin_dir is None:
             raise RuntimeError("PostgreSQL is not installed (apt-get install postgresql)")
-        super().__init__(port=port, prefix="aiolock-pg-")
+        super().__init__(port=port, database=database, prefix="aiolock-pg-")
         self.bin = bin_dir
-        self.database = database
-        self.data = self.dir / "data"
-        self._as_root = os.geteuid() == 0
-        self.user = "postgres" if self._as_root else pwd.getpwuid(os.geteuid()).pw_name
-        if self._as_root:
-            pw = pwd.getpwnam("postgres")
-            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+        self.user = self.os_user  #: the database superuser, named as the account
         self._initdb()
 
     @property

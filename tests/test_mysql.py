@@ -9,15 +9,10 @@ table, cancelled waits that must not stay queued on the server, URL parsing and 
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import signal
-import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,56 +24,13 @@ from aiolock.backends.mysql import MySQLBackend, MySQLRowBackend, lock_key
 
 from .mysql_server import PASSWORD, MariaDBServer, find_mariadbd
 from .servers import free_port
+from .sql_children import start_holder, stop
 
 pytestmark = pytest.mark.skipif(find_mariadbd() is None, reason="MariaDB is not installed")
 
-ROOT = Path(__file__).resolve().parent.parent
-
-HOLDER = """
-import asyncio, sys
-import aiolock
-
-async def main() -> None:
-    url, name, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    async with aiolock.connect(url) as locks:
-        async with locks.lock(name, ttl=ttl) as lease:
-            print("ACQUIRED", lease.token, flush=True)
-            await asyncio.sleep(3600)
-
-asyncio.run(main())
-"""
-
-
-@pytest.fixture(scope="module")
-def db() -> Iterator[MariaDBServer]:
-    server = MariaDBServer().start()
-    yield server
-    server.close()
-
-
 @pytest.fixture
-def name() -> str:
-    return f"my-{uuid.uuid4().hex}"
-
-
-def start_holder(url: str, name: str, ttl: float) -> tuple[subprocess.Popen[str], int]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, url, name, str(ttl)], cwd=ROOT, text=True, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("ACQUIRED"):
-        proc.kill()
-        _out, err = proc.communicate()
-        raise AssertionError(f"holder failed: {line!r} {err}")
-    return proc, int(line.split()[1])
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    proc.kill()
-    proc.communicate()
+def db(mysql_server: MariaDBServer) -> MariaDBServer:
+    return mysql_server
 
 
 def holder_conn(db: MariaDBServer, name: str) -> int:

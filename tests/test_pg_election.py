@@ -15,12 +15,8 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -32,66 +28,14 @@ import aiolock
 from aiolock.backends.postgres import PostgresBackend
 
 from .pg_server import PostgresServer, find_pg_bin
+from .sql_children import start_candidate, stop
 
 pytestmark = pytest.mark.skipif(find_pg_bin() is None, reason="PostgreSQL is not installed")
 
-ROOT = Path(__file__).resolve().parent.parent
-
-#: A candidate in its own process: campaigns, prints LEADER <term>, holds; LOST on loss.
-CANDIDATE = """
-import asyncio, sys
-import aiolock
-
-async def main() -> None:
-    url, name, ttl, data = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
-    async with aiolock.connect(url) as locks:
-        try:
-            async with locks.election(name, ttl=ttl).campaign(data=data) as term:
-                print("LEADER", term.token, flush=True)
-                await asyncio.sleep(3600)
-        except aiolock.LockLost:
-            print("LOST", flush=True)
-
-asyncio.run(main())
-"""
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[PostgresServer]:
-    server = PostgresServer().start()
-    yield server
-    server.close()
-
-
 @pytest.fixture
-def name() -> str:
-    return f"el-{uuid.uuid4().hex}"
-
-
-def connect(url: str, **options: object) -> aiolock.Locks:
-    return aiolock.connect(PostgresBackend.from_url(url, **options))
-
-
-def start_candidate(url: str, name: str, ttl: float, data: str) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CANDIDATE, url, name, str(ttl), data], cwd=ROOT, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("LEADER"):
-        proc.kill()
-        _out, err = proc.communicate()
-        raise AssertionError(f"candidate failed: {line!r} {err}")
-    return proc, int(line.split()[1])
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGCONT)
-    proc.kill()
-    proc.communicate()
+def url(postgres_server: PostgresServer) -> str:
+    """The tests' own PostgreSQL (``tests/conftest.py`` starts it for the session)."""
+    return postgres_server.url
 
 
 class Observer:
@@ -136,13 +80,13 @@ async def observing(election: aiolock.Election) -> AsyncIterator[Observer]:
 # -- the leader dies or stalls ---------------------------------------------------------------
 
 
-async def test_killed_leader_is_replaced_at_once(pg: PostgresServer, name: str) -> None:
+async def test_killed_leader_is_replaced_at_once(url: str, name: str) -> None:
     """kill -9: the server frees the leadership as the socket closes (the documented
     dead-holder bound is "at once"), the waiting candidate leads with a higher term, and
     an observer on a third connection sees the change without waiting for its poll."""
-    proc, term = start_candidate(pg.url, name, ttl=30, data="doomed")
+    proc, term = start_candidate(url, name, ttl=30, data="doomed")
     try:
-        async with connect(pg.url) as candidate, connect(pg.url) as watcher, \
+        async with aiolock.connect(url) as candidate, aiolock.connect(url) as watcher, \
                 observing(watcher.election(name, ttl=30)) as observer:
             await observer.until(lambda s: s is not None and s.data == "doomed", 5)
             waiting = asyncio.create_task(
@@ -162,14 +106,14 @@ async def test_killed_leader_is_replaced_at_once(pg: PostgresServer, name: str) 
         stop(proc)
 
 
-async def test_paused_leader_loses_leadership_after_its_ttl(pg: PostgresServer, name: str) -> None:
+async def test_paused_leader_loses_leadership_after_its_ttl(url: str, name: str) -> None:
     """SIGSTOP keeps the leader's TCP connection open: idle_session_timeout (= ttl) ends
     its session, the next candidate leads with a higher term, observers see it, and the
     old leader, woken, finds its leadership lost and its body cancelled."""
     ttl = 1.0
-    proc, term = start_candidate(pg.url, name, ttl=ttl, data="sleepy")
+    proc, term = start_candidate(url, name, ttl=ttl, data="sleepy")
     try:
-        async with connect(pg.url) as candidate, connect(pg.url) as watcher, \
+        async with aiolock.connect(url) as candidate, aiolock.connect(url) as watcher, \
                 observing(watcher.election(name, ttl=ttl)) as observer:
             await observer.until(lambda s: s is not None and s.data == "sleepy", 5)
             os.kill(proc.pid, signal.SIGSTOP)
@@ -190,10 +134,10 @@ async def test_paused_leader_loses_leadership_after_its_ttl(pg: PostgresServer, 
         stop(proc)
 
 
-async def test_observe_is_woken_by_notify(pg: PostgresServer, name: str) -> None:
+async def test_observe_is_woken_by_notify(url: str, name: str) -> None:
     """With ttl=20 the poll is every 10 s: grants, proclaims, releases and revocations
     from other connections reach the observer in well under a second."""
-    async with connect(pg.url) as a, connect(pg.url) as watcher:
+    async with aiolock.connect(url) as a, aiolock.connect(url) as watcher:
         election = a.election(name, ttl=20)
         async with observing(watcher.election(name, ttl=20)) as observer:
             await observer.until(lambda s: s is None, 5)
@@ -213,25 +157,25 @@ async def test_observe_is_woken_by_notify(pg: PostgresServer, name: str) -> None
 
 
 async def test_observer_resumes_after_its_listen_connection_drops(
-    pg: PostgresServer, name: str
+    url: str, name: str
 ) -> None:
     """The LISTEN connection is re-opened by itself (an observer never calls listen()
     again): with ttl=20 (a 10 s poll) changes after the drop still arrive at once."""
-    async with connect(pg.url) as a, connect(pg.url, poll_interval=0.1) as watcher, \
+    async with aiolock.connect(url) as a, aiolock.connect(url, poll_interval=0.1) as watcher, \
             observing(watcher.election(name, ttl=20)) as observer:
         await observer.until(lambda s: s is None, 5)
         backend = watcher.backend
         assert isinstance(backend, PostgresBackend)
-        listener = backend._listener
+        listener = backend._notifier._conn
         assert listener is not None
-        conn = await asyncpg.connect(pg.url)
+        conn = await asyncpg.connect(url)
         try:
             await conn.fetchval("SELECT pg_terminate_backend($1)", listener.get_server_pid())
         finally:
             await conn.close()
         for _ in range(100):  # re-opened in the background
             await asyncio.sleep(0.05)
-            if backend._listener is not None and backend._listener is not listener:
+            if backend._notifier._conn is not None and backend._notifier._conn is not listener:
                 break
         async with a.election(name, ttl=20).campaign(data="after"):
             await observer.until(lambda s: s is not None and s.data == "after", 1.5)
@@ -241,13 +185,13 @@ async def test_observer_resumes_after_its_listen_connection_drops(
 
 
 async def test_revoked_holder_unlocks_and_the_next_acquires_without_ttl_wait(
-    pg: PostgresServer, name: str
+    url: str, name: str
 ) -> None:
     """force_release from another connection: the holder learns it at its next renewal
     (ttl/3), its abandon unlocks the advisory lock on its connection, and a waiter gets
     the lock then -- long before the holder's ttl would have ended its session."""
     ttl = 3.0
-    async with connect(pg.url) as a, connect(pg.url) as b:
+    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
         lease = await a.lock(name, ttl=ttl, data="victim").acquire()
         waiting = asyncio.create_task(b.lock(name, ttl=ttl).acquire(timeout=10))
         await asyncio.sleep(0.2)
@@ -266,8 +210,8 @@ async def test_revoked_holder_unlocks_and_the_next_acquires_without_ttl_wait(
         assert await b.lock(name).force_release() is False
 
 
-async def test_force_release_revokes_every_reader_and_permit(pg: PostgresServer, name: str) -> None:
-    async with connect(pg.url) as a, connect(pg.url) as b:
+async def test_force_release_revokes_every_reader_and_permit(url: str, name: str) -> None:
+    async with aiolock.connect(url) as a, aiolock.connect(url) as b:
         readers = [await asyncio.create_task(a.rwlock(name, ttl=1.5).read().acquire())
                    for _ in range(2)]
         permits = [await a.semaphore(name, 3, ttl=1.5).acquire() for _ in range(2)]
@@ -285,8 +229,8 @@ async def test_force_release_revokes_every_reader_and_permit(pg: PostgresServer,
 # -- listing --------------------------------------------------------------------------------
 
 
-async def test_scan_escapes_like_wildcards_and_skips_dead_rows(pg: PostgresServer, name: str) -> None:
-    async with connect(pg.url) as locks:
+async def test_scan_escapes_like_wildcards_and_skips_dead_rows(url: str, name: str) -> None:
+    async with aiolock.connect(url) as locks:
         names = [f"{name}%a", f"{name}_b", f"{name}!c", f"{name}xd", f"{name}\\e"]
         held = [await locks.lock(n, ttl=5).acquire() for n in names]
         try:
@@ -296,7 +240,7 @@ async def test_scan_escapes_like_wildcards_and_skips_dead_rows(pg: PostgresServe
                 found = [i.name async for i in locks.scan(prefix)]
                 assert found == expected, prefix
             # a holder row whose session no longer holds the lock is not listed
-            conn = await asyncpg.connect(pg.url)
+            conn = await asyncpg.connect(url)
             try:
                 await conn.execute(
                     "INSERT INTO aiolock_holders (family, name, owner, kind, token, pid,"
@@ -314,8 +258,8 @@ async def test_scan_escapes_like_wildcards_and_skips_dead_rows(pg: PostgresServe
         assert [i async for i in locks.scan(name)] == []
 
 
-async def test_holder_since_is_on_the_server_clock(pg: PostgresServer, name: str) -> None:
-    async with connect(pg.url) as locks, locks.lock(name, ttl=5, data="d"):
+async def test_holder_since_is_on_the_server_clock(url: str, name: str) -> None:
+    async with aiolock.connect(url) as locks, locks.lock(name, ttl=5, data="d"):
         await asyncio.sleep(0.3)
         [holder] = (await locks.status(name)).held_by
         assert holder.data == "d" and holder.since is not None and 0.25 < holder.since < 3

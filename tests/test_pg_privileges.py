@@ -18,7 +18,8 @@ pytest.importorskip("asyncpg")
 import asyncpg
 
 import aiolock
-from aiolock.backends.postgres import _SCHEMA, MIGRATE_SQL
+from aiolock.backends.postgres._statements import MIGRATE_SQL
+from aiolock.backends.postgres._statements import SCHEMA as _SCHEMA
 
 from .pg_server import PostgresServer, find_pg_bin
 

@@ -18,6 +18,10 @@ class Pool:
     The driver's part comes in as three callables: ``alive(conn)`` (still usable?),
     ``drop(conn)`` (close it now, without waiting) and ``close(conn)`` (close it politely,
     awaited at :meth:`aclose`).
+
+    Invariant: every connection lent out (in ``_out``) holds one of the ``size`` slots,
+    taken in :meth:`get` and given back exactly once, by :meth:`put` or :meth:`discard`;
+    an idle connection is never also lent out.
     """
 
     def __init__(
@@ -54,6 +58,7 @@ class Pool:
                     return conn
             conn = await self._connect()
             self._out.add(conn)
+            assert len(self._out) <= self._size, "each lent connection holds a slot"
             return conn
         except BaseException:
             self._slots.release()
@@ -63,6 +68,7 @@ class Pool:
         """Return a clean connection (no lock held, no timeout armed)."""
         if conn not in self._out:
             return
+        assert conn not in self._idle, "a lent connection is not idle"
         self._out.discard(conn)
         if self.closed or not self._alive(conn) or len(self._idle) >= 10:
             self._drop(conn)

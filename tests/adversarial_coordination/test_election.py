@@ -171,17 +171,9 @@ async def test_resign_hands_over_fifo(elocks: aiolock.Locks, elect_url: str, nam
         assert order == ["1", "2", "3", "4"]
 
 
-PHANTOM = ("PostgreSQL: campaigns cancelled at random points while the election is vacant "
-           "leave holder records behind (hidden while vacant); once another candidate wins, "
-           "status() lists the cancelled ones as holders and leader() may report one of them "
-           "(its data, a stale token)")
-
-
 async def test_cancelled_campaigns_leave_no_phantom(
         elocks: aiolock.Locks, elect_url: str, name: str, request: pytest.FixtureRequest) -> None:
     need(elocks, Capability.ELECTION)
-    if elect_url.startswith("postgres"):
-        request.applymarker(pytest.mark.xfail(reason=PHANTOM, strict=True))
     for seed in range(3):
         el = elocks.election(f"{name}-{seed}", ttl=2)
         rng = random.Random(seed)

@@ -16,9 +16,6 @@ from ..conftest import need
 
 TTL = 1.5
 MARGIN = 0.8  # loaded 2-core box
-ROW_REVOKE = ("MySQL row mode: when a revoked (unreleased) holder's lease runs out, the next "
-              "holder's record disappears (status: held, held_by empty) and force_release() of "
-              "it returns True but the holder never learns: the lock stays held")
 LOCAL_WAITER = ("a waiter in the revoked holder's own process gets the lock only when the "
                 "revoked lease's ttl runs out (~ttl), not when the holder learns of the "
                 "revocation (ttl/3), while a waiter in another process gets it at ttl/3")
@@ -250,8 +247,6 @@ async def test_local_waiter_gets_revoked_lock_at_next_renewal(
 async def test_holder_after_a_revoked_one_is_listed_and_revocable(
         coord: aiolock.Locks, coord_url: str, name: str, request: pytest.FixtureRequest) -> None:
     need(coord, Capability.REVOKE)
-    if coord_url.startswith("mysql") and coord_url.endswith("mode=row"):
-        request.applymarker(pytest.mark.xfail(reason=ROW_REVOKE, strict=True))
     a = await asyncio.create_task(coord.lock(name, ttl=TTL, on_lost="raise").acquire())
     waiter = asyncio.create_task(coord.lock(name, ttl=TTL, on_lost="raise").acquire(timeout=10))
     await asyncio.sleep(0.1)
