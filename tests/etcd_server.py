@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Self
 
+from ._proc import ServerGroup, poll, serve_forever
 from .servers import ServerProcess, free_port
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
@@ -129,15 +130,15 @@ class EtcdServer(ServerProcess):
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Wait until the member serves (alone), or only until its port is open (in a
         cluster, which waits for its quorum)."""
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"etcd exited with {self.proc.returncode}; see {self.dir / 'etcd.log'}")
-            if self.healthy(timeout=1.0):
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"etcd did not come up on {self.endpoint} within {timeout}s")
+        proc = self.proc
+        assert proc is not None
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"etcd exited with {proc.returncode}; see {self.dir / 'etcd.log'}")
+            return self.healthy(timeout=1.0)
+
+        poll(up, timeout=timeout, what=f"etcd did not come up on {self.endpoint}", interval=0.05)
 
     def close(self) -> None:
         super().close()
@@ -177,7 +178,7 @@ class _Member(EtcdServer):
                                f"see {self.dir / 'etcd.log'}")
 
 
-class EtcdCluster:
+class EtcdCluster(ServerGroup[EtcdServer]):
     """``size`` etcd members on loopback (``EtcdCluster(3).start()`` returns once every
     member is healthy). :meth:`kill` (``kill -9``) and :meth:`restart` (same ports and
     data) drive failover tests."""
@@ -185,7 +186,7 @@ class EtcdCluster:
     def __init__(self, size: int = 3) -> None:
         self.size = size
         self.dir = Path(tempfile.mkdtemp(prefix="aiolock-etcd-cluster-"))
-        ports = set()
+        ports: set[int] = set()
         while len(ports) < 2 * size:
             ports.add(free_port())
         plist = sorted(ports)
@@ -216,42 +217,24 @@ class EtcdCluster:
             raise
         return self
 
-    def running(self, i: int) -> bool:
-        proc = self.members[i].proc
-        return proc is not None and proc.poll() is None
-
     def wait_healthy(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if all(self.members[i].healthy() for i in range(self.size) if self.running(i)):
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"etcd cluster not healthy within {timeout}s; see {self.dir}")
-            time.sleep(0.1)
+        poll(lambda: all(self.members[i].healthy() for i in range(self.size) if self.running(i)),
+             timeout=timeout, what=f"etcd cluster not healthy (see {self.dir})")
 
     def leader_index(self, timeout: float = 10.0) -> int:
         """The index of the member that leads now (``etcdctl endpoint status``)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            for i, member in enumerate(self.members):
-                if not self.running(i):
-                    continue
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    out = member.etcdctl("endpoint", "status", "-w", "fields", timeout=1.0, check=False)
-                    member_id = leader = None
-                    for line in out.splitlines():
-                        if line.startswith('"MemberID"'):
-                            member_id = line.partition(":")[2].strip().rstrip(",")
-                        if line.startswith('"Leader"'):
-                            leader = line.partition(":")[2].strip().rstrip(",")
-                    if member_id and member_id == leader:
-                        return i
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no etcd leader within {timeout}s")
-            time.sleep(0.1)
+        return poll(self._leader, timeout=timeout, what="no etcd leader")
 
-    def kill(self, i: int) -> None:
-        self.members[i].kill()
+    def _leader(self) -> int | None:
+        for i, member in enumerate(self.members):
+            if not self.running(i):
+                continue
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                out = member.etcdctl("endpoint", "status", "-w", "fields", timeout=1.0, check=False)
+                fields = dict(line.rstrip(",").split(" : ", 1) for line in out.splitlines() if " : " in line)
+                if fields.get('"MemberID"') and fields.get('"MemberID"') == fields.get('"Leader"'):
+                    return i
+        return None
 
     def restart(self, i: int) -> None:
         member = self.members[i]
@@ -260,18 +243,9 @@ class EtcdCluster:
         member.start()
 
     def close(self) -> None:
-        for member in self.members:
-            member.close()
+        super().close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
 if __name__ == "__main__":  # manual use: python -m tests.etcd_server
-    server = EtcdServer().start()
-    print(server.url, flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()
+    serve_forever(EtcdServer())

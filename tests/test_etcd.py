@@ -62,9 +62,10 @@ def cluster() -> Iterator[EtcdCluster]:
 
 
 def _keys(server: EtcdServer, url: str) -> list[str]:
+    """The claim keys under the URL's prefix (not the token keys, which stay)."""
     prefix = url.partition("prefix=")[2]
     out = server.etcdctl("get", "--prefix", "--keys-only", prefix + "/")
-    return [line for line in out.splitlines() if line.strip()]
+    return [line for line in out.splitlines() if line.strip() and not line.startswith(f"{prefix}/token/")]
 
 
 # -- URL and options -----------------------------------------------------------------------
@@ -134,6 +135,21 @@ async def test_tokens_are_create_revisions_and_increase(url: str, etcd: EtcdServ
         assert _keys(etcd, url) == []
 
 
+async def test_last_token_is_kept_once_the_name_is_free(url: str) -> None:
+    async with aiolock.connect(url) as locks:
+        assert (await locks.status("free")).last_token is None  # never locked
+        async with locks.lock("free") as lease:
+            pass
+        info = await locks.status("free")
+        assert not info.held and info.last_token == lease.token
+        async with locks.semaphore("free", limit=2) as permit:  # another family: its own
+            pass
+        assert (await locks.status("free")).last_token == lease.token
+        async with locks.lock("free") as again:
+            assert (await locks.status("free")).last_token == again.token > permit.token
+        assert (await locks.status("free")).last_token == again.token
+
+
 async def test_cancelled_acquires_leave_no_keys(url: str, etcd: EtcdServer) -> None:
     async with aiolock.connect(url) as locks:
         lock = locks.lock("x", ttl=10)
@@ -176,10 +192,10 @@ async def test_keepalives_share_one_stream(url: str) -> None:
         assert isinstance(backend, EtcdBackend)
         leases = [await locks.lock(f"n{i}", ttl=1).acquire() for i in range(20)]
         await asyncio.sleep(1.2)
-        stream = backend._keepalive
+        stream = backend._leases.stream
         assert stream is not None and stream.alive
         await asyncio.sleep(0.6)
-        assert backend._keepalive is stream  # the same one stream renewed them all
+        assert backend._leases.stream is stream  # the same one stream renewed them all
         assert not any(lease.lost for lease in leases)
         for lease in leases:
             await lease.release()
@@ -391,10 +407,60 @@ async def test_a_stale_spare_lease_is_replaced(url: str) -> None:
         assert isinstance(backend, EtcdBackend)
         lease = await locks.lock("s", ttl=1).acquire()
         await lease.release()  # its etcd lease is kept as a spare
-        pool = backend._spares[1]
+        pool = backend._leases.spares[1]
         assert pool
         await asyncio.sleep(1.6)  # expired on the server (1 s + the 0.5 s sweep)
         pool[:] = [(lid, time.monotonic(), ttl) for lid, _, ttl in pool]  # believed fresh
         again = await locks.lock("s", ttl=1).acquire(timeout=2)  # the put finds no lease: a new one
         assert again.token > lease.token and not again.lost
         await again.release()
+
+
+async def test_an_expired_waiting_lease_does_not_hold_up_renewals() -> None:
+    """etcd answers a stream's keep-alives in order, and one for a lease that expired but
+    is not yet revoked waits for the revocation (1,000 a second, after a 0.5 s sweep):
+    behind a backlog of expired leases, one such keep-alive held up every renewal of the
+    connection for seconds. A waiting claim re-checked after its lease ran out must
+    not send one."""
+    from aiolock.abc import Busy, Claim, Granted, Kind
+
+    with contextlib.closing(EtcdServer().start()) as server:
+        url = f"{server.url}?prefix=hol"
+        holder, waiting = EtcdBackend.from_url(url), EtcdBackend.from_url(url)
+        try:
+            held = Claim("h", Kind.LOCK, uuid.uuid4().hex, ttl_ms=30_000)
+            mine = Claim("w", Kind.LOCK, uuid.uuid4().hex, ttl_ms=30_000)
+            assert isinstance(await holder.try_acquire(held), Granted)
+            assert isinstance(await waiting.try_acquire(mine), Granted)
+            # a backlog of leases to revoke, then our waiting claim's (ttl 1 s) after it
+            await _expired_lease_backlog(waiting, 5000)
+            waiter = _Waiter(Claim("h", Kind.LOCK, uuid.uuid4().hex, ttl_ms=1000))
+            await waiting.listen("h", Kind.LOCK, waiter)  # (not unattended: it waits)
+            assert isinstance(await waiting.try_acquire(waiter.claim), Busy)
+            await asyncio.sleep(1.3)  # its lease expired on the server, not yet revoked
+            started = time.monotonic()
+            assert isinstance(await waiting.try_acquire(waiter.claim), Busy)
+            renewed = await waiting.renew([mine])
+            assert time.monotonic() - started < 1.0
+            assert renewed[0] is not None and renewed[0] > 0
+        finally:
+            await holder.aclose()
+            await waiting.aclose()
+
+
+class _Waiter:
+    def __init__(self, claim: Any) -> None:
+        self.claim = claim
+
+    def wake(self, hint: str | None = None) -> None:
+        pass
+
+
+async def _expired_lease_backlog(backend: EtcdBackend, count: int) -> None:
+    from aiolock.backends.etcd._wire import pb
+
+    base = uuid.uuid4().int % 2**60
+    for i in range(0, count, 500):
+        await asyncio.gather(*(
+            backend._unary("Lease", "LeaseGrant", pb.LeaseGrantRequest(TTL=1, ID=base + j), "a grant")
+            for j in range(i, min(count, i + 500))))

@@ -9,6 +9,12 @@ task and a stream per lease and a stream per watch, and retry non-idempotent cal
 So the recipe, the one keep-alive stream and the one watch stream per connection are
 ours; only the wire format is borrowed.
 
+Modules: ``_backend`` (the adapter: the core's single-attempt primitives), ``_recipe``
+(pure: who holds, what a waiter watches), ``_leases`` (grants, spares, the keep-alive
+stream), ``_watches`` (the watch stream and the waiters it wakes), ``_connection``
+(options, channel, authentication, the one exception map), ``_claim`` (the typed
+per-claim state), ``_wire`` (messages, stubs, a queue-fed stream).
+
 Layout: every claim is one key ``<prefix>/<family>/<escaped name>/<kind>-<owner>``
 (family ``lock``, ``rw`` or ``sem``; kind ``lock``, ``read``, ``write``, ``permit``;
 ``owner`` the claim's per-acquisition id) attached to an etcd lease of its own, with the
@@ -22,7 +28,10 @@ a permit among the first ``limit`` keys. Otherwise the waiter watches the deleti
 the key(s) just before its own (for a reader the last writer before it, for a permit
 the ``limit`` keys before it), from the listing's revision on: no herd, nothing missed,
 and first come, first served by construction (every claim is fair). The fencing token
-is the holder key's ``create_revision``, which only grows in the cluster's history.
+is the holder key's ``create_revision``, which only grows in the cluster's history. The
+same transaction rewrites a lease-less key ``<prefix>/token/<family>/<escaped name>``:
+its ``mod_revision`` is the newest claim key's ``create_revision``, so ``last_token`` is
+still known once every claim key is gone (one small key per name ever locked stays).
 
 Holders, listing, revocation, elections: a key's value is ``ttl:limit:stamp:record``
 (the holder record of :mod:`aiolock._holder`, and the wall-clock time the key was first
@@ -46,7 +55,13 @@ keep-alive was *sent*; the server keeps it at least that long, so a holder never
 believes a lease the server dropped. A holder that dies frees the lock when its lease
 expires: within ``max(ceil(ttl), min ttl)`` plus the server's expiry sweep (0.5 s). A
 lease extended beyond its etcd ttl (``Lease.extend``) is moved to a new, longer etcd
-lease (the key keeps its ``create_revision``, so its token).
+lease (the key keeps its ``create_revision``, so its token). etcd answers one stream's
+keep-alives in order, and one for a lease that expired but is not yet revoked waits for
+the revocation (at most 1,000 a second): a keep-alive is therefore sent only for a lease
+believed alive with 0.1 s to spare, a waiting claim whose lease is not surely alive
+revokes it and queues again, and a batch waits for replies no longer than its leases are
+believed (then the stream starts afresh). Otherwise one late renewal under load held up
+every renewal behind it, and thousands of leases lapsed.
 
 Requests: a release deletes the key and keeps its (now keyless) lease as a spare; an
 acquire takes a spare whose last confirmation left over half its ttl (or has one granted

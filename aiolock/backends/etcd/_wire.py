@@ -4,6 +4,7 @@ channel, and one bidirectional stream fed from a queue."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import socket
 from collections.abc import AsyncIterator
@@ -41,13 +42,15 @@ class Stream:
 
     async def _requests(self) -> AsyncIterator[Any]:
         while True:
-            item = await self._queue.get()
-            if item is None:
+            batch = await self._queue.get()
+            if batch is None:
                 return
-            yield item
+            for item in batch:
+                yield item
 
-    def send(self, request: Any) -> None:
-        self._queue.put_nowait(request)
+    def send(self, *requests: Any) -> None:
+        """Queue ``requests`` (one queue item for many: a batch costs one wake-up)."""
+        self._queue.put_nowait(requests)
 
     @property
     def alive(self) -> bool:
@@ -69,6 +72,11 @@ class Stream:
         self._queue.put_nowait(None)
         self.call.cancel()
         self.reader.cancel()
+
+    async def aclose(self) -> None:
+        self.close()
+        with contextlib.suppress(BaseException):
+            await self.reader
 
 
 async def open_channel(
