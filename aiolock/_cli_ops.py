@@ -6,6 +6,7 @@ import json
 import sys
 
 from ._connect import connect
+from ._validate import check_name
 from .abc import FAMILY_KIND, Capability, LockInfo
 
 __all__ = [
@@ -60,12 +61,13 @@ async def list_held(url: str, prefix: str, *, as_json: bool) -> int:
 async def revoke(url: str, name: str) -> int:
     """``aiolock revoke``: force-release every holder of ``name``, in every family the
     backend offers; 0 if something was held, 1 if nothing was."""
+    name = check_name(name)
     async with connect(url) as locks:
-        locks._need(Capability.REVOKE, "revoke")
+        locks._engine.need(Capability.REVOKE, "revoke")
         revoked = [
             FAMILY_NAMES[family] for family, kind in FAMILY_KIND.items()
             if offered(locks.capabilities, family)
-            and await locks.backend.force_release(locks._name(name), kind)
+            and await locks.backend.force_release(name, kind)
         ]
     if revoked:
         print(f"{printable(name)}: revoked ({', '.join(revoked)}); the holders lose it at their next renewal")

@@ -13,23 +13,26 @@ from .abc import Backend
 
 __all__ = ["SCHEMES", "connect"]
 
+#: Each backend class: its URL schemes, ``module.Class`` under ``aiolock.backends``, and
+#: the pip extra its client library comes with (None: no dependency).
+_BACKENDS: tuple[tuple[tuple[str, ...], str, str | None], ...] = (
+    (("memory",), "memory.MemoryBackend", None),
+    (("redis", "rediss", "unix"), "redis.RedisBackend", "redis"),
+    (("zookeeper", "zk"), "zookeeper.ZooKeeperBackend", "zookeeper"),
+    (("postgresql", "postgres"), "postgres.PostgresBackend", "postgres"),
+    (("memcached",), "memcached.MemcachedBackend", None),
+    (("redis+cluster",), "redis_cluster.RedisClusterBackend", "redis"),
+    (("redis+sentinel",), "redis_sentinel.RedisSentinelBackend", "redis"),
+    (("redlock",), "redlock.RedlockBackend", "redis"),
+    (("mysql", "mariadb"), "mysql.MySQLBackend", "mysql"),
+    (("etcd",), "etcd.EtcdBackend", "etcd"),
+)
+
 #: scheme -> (module, class, pip extra); modules are imported only when used.
 SCHEMES: dict[str, tuple[str, str, str | None]] = {
-    "memory": ("aiolock.backends.memory", "MemoryBackend", None),
-    "redis": ("aiolock.backends.redis", "RedisBackend", "redis"),
-    "rediss": ("aiolock.backends.redis", "RedisBackend", "redis"),
-    "unix": ("aiolock.backends.redis", "RedisBackend", "redis"),
-    "zookeeper": ("aiolock.backends.zookeeper", "ZooKeeperBackend", "zookeeper"),
-    "zk": ("aiolock.backends.zookeeper", "ZooKeeperBackend", "zookeeper"),
-    "postgresql": ("aiolock.backends.postgres", "PostgresBackend", "postgres"),
-    "postgres": ("aiolock.backends.postgres", "PostgresBackend", "postgres"),
-    "memcached": ("aiolock.backends.memcached", "MemcachedBackend", None),
-    "redis+cluster": ("aiolock.backends.redis_cluster", "RedisClusterBackend", "redis"),
-    "redis+sentinel": ("aiolock.backends.redis_sentinel", "RedisSentinelBackend", "redis"),
-    "redlock": ("aiolock.backends.redlock", "RedlockBackend", "redis"),
-    "mysql": ("aiolock.backends.mysql", "MySQLBackend", "mysql"),
-    "mariadb": ("aiolock.backends.mysql", "MySQLBackend", "mysql"),
-    "etcd": ("aiolock.backends.etcd", "EtcdBackend", "etcd"),
+    scheme: (f"aiolock.backends.{path.rpartition('.')[0]}", path.rpartition(".")[2], extra)
+    for schemes, path, extra in _BACKENDS
+    for scheme in schemes
 }
 
 

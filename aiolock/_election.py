@@ -25,7 +25,7 @@ from .abc import Capability, Claim, Kind
 from .errors import LockError, LockLost
 
 if TYPE_CHECKING:
-    from ._locks import Locks
+    from ._engine import _Engine
 
 __all__ = ["Campaign", "Election", "Leader", "Leadership"]
 
@@ -57,7 +57,7 @@ class Leadership(Lease):
             raise LockError(f"leadership of {self.name!r} was resigned; campaign again")
         task = decode_holder(hold.claim.info).task
         hold.claim.info = encode_holder(data, task)
-        if not await hold.session.backend.set_info(hold.claim):
+        if not await hold.engine.backend.set_info(hold.claim):
             hold.mark_lost("the server no longer has it (expired or taken over)")
             raise LockLost(f"leadership of {self.name!r} is lost: {hold.lost_reason}")
 
@@ -84,29 +84,29 @@ class Election:
     """A named election; made by :meth:`aiolock.Locks.election`."""
 
     def __init__(
-        self, locks: Locks, name: str, *, ttl: float, watchdog: bool,
+        self, engine: _Engine, name: str, *, ttl: float, watchdog: bool,
         on_lost: str | Callable[[Lease], object],
     ) -> None:
-        self._locks = locks
+        self._engine = engine
         self.name = name
         self._options: dict[str, Any] = dict(
             ttl=ttl, watchdog=watchdog, on_lost=on_lost,
-            fair=Capability.FAIR in locks.backend.capabilities,
+            fair=Capability.FAIR in engine.backend.capabilities,
         )
-        self.ttl = Campaign(locks, name, Kind.LEADER, **self._options).ttl  # validates
+        self.ttl = Campaign(engine, name, Kind.LEADER, **self._options).ttl  # validates
 
     def __repr__(self) -> str:
         return f"<Election {self.name!r} ttl={self.ttl}>"
 
     def campaign(self, data: str = "", timeout: float | None = None) -> Campaign:
         """A candidacy with ``data`` (the leader's data once it leads, <= 1024 chars)."""
-        return Campaign(self._locks, self.name, Kind.LEADER, timeout=timeout, data=data,
+        return Campaign(self._engine, self.name, Kind.LEADER, timeout=timeout, data=data,
                         **self._options)
 
     async def leader(self) -> Leader | None:
         """The current leader, or None while nobody leads."""
-        self._locks.check_open()
-        info = await self._locks.backend.inspect(self.name, Kind.LEADER)
+        self._engine.check_open()
+        info = await self._engine.backend.inspect(self.name, Kind.LEADER)
         if not info.held or info.token is None:
             return None
         holder = info.held_by[0] if info.held_by else Holder("", 0, None, "")
@@ -116,7 +116,7 @@ class Election:
         """The current leader (or None) first, then every change: a new leader, new
         data, or None when the leadership falls vacant. Under churn it may skip states,
         but after changes stop its last value is the current state within one ``ttl``."""
-        backend = self._locks.backend
+        backend = self._engine.backend
         waiter = LocalWaiter(Claim(self.name, Kind.LEADER, f"observer-{uuid.uuid4().hex}", 0))
         await backend.listen(self.name, Kind.LEADER, waiter)
         try:

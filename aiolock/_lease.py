@@ -2,13 +2,13 @@
 
 A :class:`Lease` is the user's handle. The grant on the server is a :class:`_Hold`,
 shared by a lease and its reentrant re-entries (counted; the server release happens at
-the last one). The watchdog and the session keep holds, never leases, so a lease that is
+the last one). The watchdog and the engine keep holds, never leases, so a lease that is
 garbage collected unreleased is noticed (``__del__``): it is released best effort and a
 :class:`ResourceWarning` says so.
 
 A lease's life ends one of three ways: released (the server confirmed), lost (renewal
 found it gone, or its last confirmed expiry passed on the monotonic clock), or its
-session closed. ``Lease.lost`` reads the clock itself, so it is exact even when the
+connection closed. ``Lease.lost`` reads the clock itself, so it is exact even when the
 event loop was stalled and the watchdog has not run yet.
 """
 
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING
 from . import _telemetry
 from ._holder import Holder, decode_holder
 from ._validate import check_ttl
-from .abc import Claim
+from .abc import Claim, Kind
 from .errors import LockError, LockLost
 
 if TYPE_CHECKING:
-    from ._locks import Locks as Session
+    from ._engine import _Engine
 
 __all__ = ["Lease"]
 
@@ -37,7 +37,25 @@ log = logging.getLogger("aiolock.lease")
 
 
 class _Hold:
-    """One grant on the server, shared by the reentrant leases of one task."""
+    """One grant on the server, shared by the reentrant leases of one task.
+
+    Invariants:
+
+    * ``lost_reason is not None`` implies ``done``: a loss ends the hold
+      (:meth:`mark_lost` goes through ``engine.forget``, which sets ``done``).
+    * ``done`` means untracked: in none of the engine's maps, not renewed by the watchdog,
+      never again undone. A hold becomes ``done`` once: released (:meth:`finish`), lost,
+      or its connection closed -- or dropped by a simulated crash (``abandon_for_demo``).
+    * ``task`` is None for a semaphore permit (a permit belongs to no task); otherwise it
+      is the acquiring task, and while the hold is live the engine's
+      ``_owned[key][task]`` is this hold (reentrancy finds it there).
+    * ``count`` is the number of unreleased leases sharing it (reentrant re-entries), at
+      least 1 while any of them is held; the server release happens when it reaches 0.
+    * ``expires_at`` (monotonic) never moves back: a renewal moves it to
+      ``max(expires_at, sent + granted)``, counted from when the request was *sent*.
+    * ``releasing`` is set once a release runs in the background (a cancelled release,
+      or a collected lease); such a hold is never re-entered.
+    """
 
     __slots__ = (
         "__weakref__",
@@ -45,13 +63,13 @@ class _Hold:
         "claim",
         "count",
         "done",
+        "engine",
         "expires_at",
         "lost_reason",
         "releasing",
         "renew_at",
         "renewing",
         "sched",
-        "session",
         "since",
         "task",
         "token",
@@ -60,12 +78,13 @@ class _Hold:
     )
 
     def __init__(
-        self, session: Session, claim: Claim, token: int, expires_at: float,
+        self, engine: _Engine, claim: Claim, token: int, expires_at: float,
         watchdog: bool, task: asyncio.Task[object] | None, granted_ms: int | None = None,
     ) -> None:
         if granted_ms is None:
             granted_ms = claim.ttl_ms
-        self.session = session
+        assert task is None or claim.kind is not Kind.PERMIT, "a permit belongs to no task"
+        self.engine = engine
         self.claim = claim
         self.token = token
         self.expires_at = expires_at
@@ -102,23 +121,24 @@ class _Hold:
         self.lost_reason = reason
         log.warning("lease on %r lost: %s", self.claim.name, reason)
         _telemetry.hold_lost(self, reason)
-        self.session.forget(self, wake=False)
+        self.engine.forget(self, wake=False)
+        assert self.done
         # The server may still keep it (e.g. a renewal reply that came too late, or a
         # revocation the backend only marked): give it back, then wake the next local
         # waiter, which waits for our release rather than asking the server.
-        self.session.spawn(self._give_back())
+        self.engine.spawn(self._give_back())
         self._notify()
 
     async def _give_back(self) -> None:
-        await self.session.abandon(self.claim)
-        self.session._wake_head(self)
+        await self.engine.abandon(self.claim)
+        self.engine.wake_head(self)
 
     def finish(self, woken: object = None) -> None:
         """Released on the server: stop tracking it, wake the next local waiter (unless
         it is ``woken`` already) and anyone in wait_lost()."""
         if not self.done:
             _telemetry.hold_ended(self)
-            self.session.forget(self, wake=True, woken=woken)
+            self.engine.forget(self, wake=True, woken=woken)
             self._notify()
 
     def _notify(self) -> None:
@@ -213,7 +233,7 @@ class Lease:
         if hold.is_lost():
             raise LockLost(f"lease on {self.name!r} is lost: {hold.lost_reason}")
         hold.claim.ttl_ms = ms
-        await hold.session.watchdog.renew_now(hold)
+        await hold.engine.watchdog.renew_now(hold)
         if hold.lost_reason is not None:
             raise LockLost(f"lease on {self.name!r} is lost: {hold.lost_reason}")
 
@@ -247,10 +267,10 @@ class Lease:
             held = await asyncio.shield(pending)  # an earlier, cancelled release still runs
         else:
             try:
-                held = await hold.session.release_hold(hold)
+                held = await hold.engine.release_hold(hold)
             except asyncio.CancelledError:
                 # Finish in the background: the lock must not stay held by nobody.
-                hold.releasing = hold.session.spawn(hold.session.release_hold(hold))
+                hold.releasing = hold.engine.spawn(hold.engine.release_hold(hold))
                 raise
             except Exception as exc:
                 # Stop renewing: the server lets it expire within its ttl (and a
@@ -276,7 +296,7 @@ class Lease:
                 ResourceWarning,
                 stacklevel=1,
             )
-            hold.session.release_collected(hold)
+            hold.engine.release_collected(hold)
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
 

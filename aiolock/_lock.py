@@ -45,7 +45,7 @@ from .abc import Busy, Capability, Claim, Granted, Kind
 from .errors import BackendUnavailable, LockError, LockLost, LockTimeout
 
 if TYPE_CHECKING:
-    from ._locks import Locks, _Local
+    from ._engine import _Engine, _Local
 
 __all__ = ["Lock"]
 
@@ -73,12 +73,12 @@ class Lock:
     _lease_class: type[Lease] = Lease
 
     def __init__(
-        self, locks: Locks, name: str, kind: Kind = Kind.LOCK, *, ttl: float = 30.0,
+        self, engine: _Engine, name: str, kind: Kind = Kind.LOCK, *, ttl: float = 30.0,
         timeout: float | None = None, watchdog: bool = True, reentrant: bool = False,
         fair: bool = False, on_lost: str | Callable[[Lease], object] = "cancel", limit: int = 1,
         data: str = "",
     ) -> None:
-        self._locks = locks
+        self._engine = engine
         self.name = name
         self.kind = kind
         self.ttl = check_ttl(ttl)
@@ -99,7 +99,7 @@ class Lock:
 
     async def locked(self) -> bool:
         """Whether anyone (any process) holds it now."""
-        return (await self._locks.backend.inspect(self.name, self.kind)).held
+        return (await self._engine.backend.inspect(self.name, self.kind)).held
 
     @_telemetry.acquire_span
     async def acquire(self, timeout: float | _Default | None = _DEFAULT) -> Lease:
@@ -112,11 +112,11 @@ class Lock:
             wait = self.timeout
         else:
             wait = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
-        locks = self._locks
-        locks.check_open()
+        engine = self._engine
+        engine.check_open()
         task = asyncio.current_task()
         if self.kind is not Kind.PERMIT and task is not None:
-            mine = locks.held_by(self._key, task)
+            mine = engine.held_by(self._key, task)
             if mine is not None:
                 return self._reenter(mine)
         claim = Claim(
@@ -125,9 +125,9 @@ class Lock:
             waits=wait != 0,
         )
         deadline = None if wait is None else time.monotonic() + wait
-        local = locks.local(self._key)
+        local = engine.local(self._key)
         local.users += 1
-        locks.acquiring(claim)
+        engine.acquiring(claim)
         queued = False  # a busy attempt may have left the claim waiting on the server
         try:
             if not self.fair and local.idle(self.kind):
@@ -140,23 +140,23 @@ class Lock:
                     return self._grant(claim, result, sent, task)
                 if wait == 0:
                     if self.kind is Kind.WRITE:  # its busy try took a place readers respect
-                        await locks.uninterruptible(locks.abandon(claim))
+                        await engine.uninterruptible(engine.abandon(claim))
                     raise self._timeout_error(wait)
                 queued = True
             elif wait == 0 and self.kind in _EXCLUSIVE and local.holds:
                 raise self._timeout_error(wait)  # held by another task here: no need to ask
             return await self._wait(claim, deadline, local, task, wait, queued)
         finally:
-            locks.acquired(claim)
+            engine.acquired(claim)
             local.users -= 1
-            locks.tidy(self._key)
+            engine.tidy(self._key)
 
     async def force_release(self) -> bool:
         """Revoke every holder of this primitive (for operators): each revoked holder
         finds its lease ``lost`` at its next renewal (within ``ttl/3``) and its ``async
         with`` body is cancelled as usual; tokens keep increasing. True if any was held."""
-        self._locks._need(Capability.REVOKE, "force_release()")
-        return await self._locks.backend.force_release(self.name, self.kind)
+        self._engine.need(Capability.REVOKE, "force_release()")
+        return await self._engine.backend.force_release(self.name, self.kind)
 
     def __call__(self, func: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
         """Use the lock as a decorator: each call of the async function ``func`` runs
@@ -190,23 +190,17 @@ class Lock:
     ) -> tuple[Granted | Busy, float]:
         """One ``try_acquire``, bounded by ``deadline``; abandons the claim if it is
         interrupted mid-flight (the request may have reached the server)."""
-        locks = self._locks
+        engine = self._engine
         sent = time.monotonic()
         try:
             if deadline is None:
-                return await locks.backend.try_acquire(claim), sent
+                return await engine.backend.try_acquire(claim), sent
             async with asyncio.timeout(max(deadline - sent, 0.0)) as scope:
-                return await locks.backend.try_acquire(claim), sent
-        except asyncio.CancelledError:
-            await locks.uninterruptible(locks.abandon(claim))
-            raise
-        except TimeoutError:
-            locks.spawn(locks.abandon(claim))
-            if deadline is not None and scope.expired():
+                return await engine.backend.try_acquire(claim), sent
+        except BaseException as exc:
+            await self._drop(claim, exc)
+            if isinstance(exc, TimeoutError) and deadline is not None and scope.expired():
                 raise self._timeout_error(wait) from None
-            raise
-        except BaseException:
-            locks.spawn(locks.abandon(claim))
             raise
 
     def _grant(
@@ -214,14 +208,14 @@ class Lock:
     ) -> Lease:
         # granted.ttl_ms may be less than asked (a repeated request): it bounds this
         # expiry only; renewals keep asking for the claim's own ttl
-        if self._locks.closed:
-            self._locks.spawn(self._locks.abandon(claim))
-            raise LockError(f"this connection to {self._locks.url} was closed")
+        if self._engine.closed:
+            self._engine.spawn(self._engine.abandon(claim))
+            raise LockError(f"this connection to {self._engine.backend.url} was closed")
         hold = _Hold(
-            self._locks, claim, granted.token, sent + granted.ttl_ms / 1000, self.watchdog,
+            self._engine, claim, granted.token, sent + granted.ttl_ms / 1000, self.watchdog,
             task if self.kind is not Kind.PERMIT else None, granted.ttl_ms,
         )
-        self._locks.adopt(hold, self._key)
+        self._engine.adopt(hold, self._key)
         lease = self._lease_class(hold)
         if callable(self.on_lost):
             on_lost = self.on_lost
@@ -247,24 +241,16 @@ class Lock:
         # Queue behind the other local waiters of this name; only the head contends.
         failures = local.failures
         try:
-            if deadline is None:
-                await local.turn.acquire()
-            else:
-                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                    await local.turn.acquire()
+            await self._within(local.turn.acquire(), deadline, wait)
         except BaseException as exc:
-            if queued and isinstance(exc, asyncio.CancelledError):
-                await self._locks.uninterruptible(self._locks.abandon(claim))
-            elif queued:  # the fast path's attempt left it waiting on the server
-                self._locks.spawn(self._locks.abandon(claim))
-            if isinstance(exc, TimeoutError):
-                raise self._timeout_error(wait) from None
+            if queued:  # the fast path's attempt left it waiting on the server
+                await self._drop(claim, exc)
             raise
         try:
             if local.failures != failures:  # the server went away while we queued
                 assert local.failure is not None
                 if queued:  # best effort: the server may be back
-                    self._locks.spawn(self._locks.abandon(claim))
+                    self._engine.spawn(self._engine.abandon(claim))
                 raise BackendUnavailable(str(local.failure)) from local.failure
             try:
                 return await self._contend(claim, deadline, local, task, wait, queued)
@@ -279,11 +265,11 @@ class Lock:
         self, claim: Claim, deadline: float | None, local: _Local, task: asyncio.Task[Any] | None,
         wait: float | None, queued: bool,
     ) -> Lease:
-        locks = self._locks
-        locks.check_open()
-        backend = locks.backend
+        engine = self._engine
+        engine.check_open()
+        backend = engine.backend
         waiter = LocalWaiter(claim)
-        locks.acquiring(claim, waiter)
+        engine.acquiring(claim, waiter)
         head = not self.fair and local.head is None
         if head:
             local.head = waiter
@@ -303,16 +289,9 @@ class Lock:
             skip = self.kind in _EXCLUSIVE and head and not queued and local.holders > 0
             # once listening, a release in this process may hand it the lock directly
             queued = True
-            if deadline is None:
-                await backend.listen(self.name, self.kind, waiter)
-            else:
-                try:
-                    async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
-                        await backend.listen(self.name, self.kind, waiter)
-                except TimeoutError:
-                    raise self._timeout_error(wait) from None
+            await self._within(backend.listen(self.name, self.kind, waiter), deadline, wait)
             while True:
-                locks.check_open()
+                engine.check_open()
                 if skip:
                     skip = False
                     retry_after = local.retry_after()
@@ -330,15 +309,33 @@ class Lock:
                         raise self._timeout_error(wait)
                     await waiter.wait(min(retry_after, left))
         except BaseException as exc:
-            if queued and isinstance(exc, asyncio.CancelledError):
-                await locks.uninterruptible(locks.abandon(claim))  # before it propagates
-            elif queued:  # a timeout or an error: the caller need not wait for it
-                locks.spawn(locks.abandon(claim))
+            if queued:
+                await self._drop(claim, exc)
             raise
         finally:
             if local.head is waiter:
                 local.head = None
             backend.unlisten(self.name, self.kind, waiter)  # harmless if never listening
+
+    async def _within(self, step: Awaitable[R], deadline: float | None, wait: float | None) -> R:
+        """Await ``step`` until ``deadline`` (None: no limit); LockTimeout after it."""
+        if deadline is None:
+            return await step
+        try:
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                return await step
+        except TimeoutError:
+            raise self._timeout_error(wait) from None
+
+    async def _drop(self, claim: Claim, exc: BaseException) -> None:
+        """Abandon ``claim``, which ``exc`` interrupted while the server may have it
+        (granted, or waiting in the server's queue): for a cancellation, before it
+        propagates; for a timeout or an error, in the background (nobody need wait)."""
+        engine = self._engine
+        if isinstance(exc, asyncio.CancelledError):
+            await engine.uninterruptible(engine.abandon(claim))
+        else:
+            engine.spawn(engine.abandon(claim))
 
     def _timeout_error(self, wait: float | None) -> LockTimeout:
         return LockTimeout(f"could not acquire {self.name!r} within {wait} s")

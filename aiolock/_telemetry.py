@@ -1,67 +1,36 @@
 """Telemetry: OpenTelemetry metrics and spans (SPEC §9), and the core's per-lease log lines.
 
-The core calls in here with one line per event (a grant, a release, a loss, a renewal)
-or wears one of the decorators below (``acquire``, ``release``, the slow path of
-waiting), so the locking code stays readable and this file is the one place that knows
-about OpenTelemetry.
+What is recorded -- the instruments, their units and attributes, the loss outcomes, the
+spans, the loggers -- is the user's business and is described in docs/operations.md
+("Metrics, traces and logs"); this module is how. The core calls in here with one line
+per event (a grant, a release, a loss, a renewal) or wears one of the decorators below
+(``acquire``, ``release``, the slow path of waiting), so the locking code stays readable
+and this file is the one place that knows about OpenTelemetry.
 
-OpenTelemetry, the convention for libraries: only ``opentelemetry-api`` (the ``otel``
-extra), imported on first use; aiolock records to the *global* meter and tracer providers
-under the instrumentation scope ``aiolock``, and the application decides (by configuring
-an SDK, or not) where that goes. The cost:
+Only ``opentelemetry-api`` (the ``otel`` extra), imported on first use; aiolock records
+to the *global* meter and tracer providers under the scope ``aiolock``. What a lock cycle
+pays:
 
 * ``opentelemetry-api`` not installed: the decorators return the function unchanged and
   the per-event calls only ask the logger whether DEBUG is on.
-* installed, no SDK configured: each event reads whether a global provider was set (two
-  module attributes) and returns; no span and no measurement is made. (The API's proxy
-  objects would also discard them, but a no-op span costs more than a lock cycle on
-  ``memory://``.)
-* an SDK configured: the instruments below (created once, on first use) and two spans
-  per lock cycle.
+* installed, no SDK configured: each event reads whether a global provider was set (a
+  module attribute, :data:`_mm` / :data:`_tm`) and returns; no span, no measurement,
+  no extra frame. (The API's proxies would discard them too, but a no-op span costs
+  more than a lock cycle on ``memory://``.)
+* an SDK configured: two histogram points per cycle (acquire and hold durations) and,
+  with a tracer provider, two spans; everything aiolock computes for them is made once
+  per (backend, kind) (:class:`_Labels`), and a span is made current with a plain
+  ``attach``/``detach`` rather than the API's generator-based context managers. The rest
+  is the SDK's own cost per point and per span (``benchmarks/bench_otel.py`` times it).
 
-Instruments (metric attributes ``aiolock.backend`` = the URL scheme, ``aiolock.kind`` =
-lock, read, write, permit or leader, and ``aiolock.outcome`` where listed; never the lock
-name, whose cardinality is unbounded -- it goes on spans only):
+Leases held and acquisitions waiting are asynchronous up-down counters: aiolock keeps the
+counts (:data:`HELD`, :data:`WAITING`) and the SDK reads them when it collects (a
+synchronous ``add()`` costs about as much as a whole ``memory://`` lock cycle). So the
+SDK must be configured before the first lock is taken: leases held while none was set
+are not counted, and their end then counts -1.
 
-=============================  ===============  ========  =================================
-instrument                     type             unit      meaning
-=============================  ===============  ========  =================================
-``aiolock.acquire.duration``   histogram        s         ``acquire()`` to its end; outcome
-                                                          granted, timeout, error, cancelled
-``aiolock.hold.duration``      histogram        s         grant to release or loss
-``aiolock.renewal.duration``   histogram        s         one renewal request (backend only)
-``aiolock.leases.held``        up-down counter  {lease}   leases held now (asynchronous)
-``aiolock.waiters``            up-down counter  {waiter}  acquisitions waiting now (async.)
-``aiolock.leases.lost``        counter          {lease}   outcome expired, gone, revoked,
-                                                          closed
-=============================  ===============  ========  =================================
-
-* An acquisition *waits* once its first try found the lock busy (or another task of this
-  process queued before it), until it is granted or gives up; an uncontended acquisition
-  never counts as a waiter. A reentrant re-entry is an ``acquire()`` (its duration is
-  recorded) but not a new lease.
-* Loss outcomes: ``expired`` (its last confirmed expiry passed: renewals failed, or
-  ``watchdog=False`` and no ``extend()``; or a release failed and it is left to expire),
-  ``gone`` (the server no longer had it: taken over, session or connection lost),
-  ``revoked`` (``force_release`` by an operator), ``closed`` (still held when its
-  connection was closed with ``aclose()``, which released it: the lease ended without its
-  owner's release).
-* Spans: ``aiolock.acquire`` (``aiolock.name``, ``aiolock.backend``, ``aiolock.kind``,
-  ``aiolock.outcome``, and ``aiolock.token`` when granted; status ERROR only for the
-  outcome ``error``) is the current span while the lock is acquired, so a client
-  library's own spans nest in it; ``aiolock.release`` (the same attributes, ``aiolock.token``
-  always).
-* ``aiolock.leases.held`` and ``aiolock.waiters`` are asynchronous up-down counters: aiolock
-  keeps the counts and the SDK reads them when it collects (a synchronous ``add()`` costs
-  about as much as a whole ``memory://`` lock cycle). Configure the SDK before the first
-  lock is taken: leases held (acquisitions waiting) while none was set are not counted,
-  and their end then counts -1.
-
-Logging: the loggers form one tree, ``aiolock.*`` (``aiolock.lease`` for grants, releases
-and losses, ``aiolock.watchdog`` for renewals, one child per backend). A lost lease is a
-WARNING with its reason, a retry INFO, per-request detail DEBUG. No log line, span or
-error message carries a password or a claim's owner id (knowing it would let anyone
-release the lease).
+No log line, span or error message carries a password or a claim's owner id (knowing it
+would let anyone release the lease).
 """
 
 from __future__ import annotations
@@ -82,7 +51,7 @@ from .errors import LockTimeout
 if TYPE_CHECKING:
     from ._lease import Lease, _Hold
     from ._lock import Lock
-    from .abc import Backend
+    from .abc import Backend, Kind
 
 __all__ = [
     "AVAILABLE", "SCOPE", "acquire_span", "hold_ended", "hold_lost", "hold_started",
@@ -164,9 +133,13 @@ class _OTel:
             "aiolock.leases.lost", unit="{lease}",
             description="Leases lost (expired, gone, revoked, closed)",
         )
+        from opentelemetry import context
         from opentelemetry.trace import Status, StatusCode
 
         self.error_status = Status(StatusCode.ERROR)
+        # a span made current without the API's generator-based context managers
+        self.attach, self.detach = context.attach, context.detach
+        self.in_context = trace.set_span_in_context
 
     def metrics_on(self) -> bool:
         """An SDK meter provider was set globally."""
@@ -206,23 +179,51 @@ class _Off:
     _METER_PROVIDER = _TRACER_PROVIDER = None
 
 
-#: the modules holding the API's global providers, read by the hot paths' first check:
+#: the modules holding the API's global providers, read by every hot path:
 #: ``_mm._METER_PROVIDER is None`` means surely no SDK meter provider (and the like for
-#: ``_tm``, tracer); anything else means ask ``_get()``
+#: ``_tm``, tracer); anything else means "record" once ``_get()`` was called (before,
+#: ``_Unknown`` says "maybe": call ``_get()``, which puts the real modules here)
 _mm: Any = _Unknown if AVAILABLE else _Off
 _tm: Any = _Unknown if AVAILABLE else _Off
+
+
+class _Labels:
+    """What the telemetry of one (backend, kind) needs, made once and never mutated:
+    the metric attribute dicts, without and with each outcome (the SDK copies them)."""
+
+    __slots__ = ("attrs", "outcomes")
+
+    def __init__(self, backend: str, kind: str) -> None:
+        self.attrs = {"aiolock.backend": backend, "aiolock.kind": kind}
+        self.outcomes = {outcome: {**self.attrs, "aiolock.outcome": outcome} for outcome in _OUTCOMES}
+
+
+_OUTCOMES = ("granted", "timeout", "error", "cancelled", "expired", "gone", "revoked", "closed")
+_labels: dict[tuple[str, str], _Labels] = {}
+
+
+def _labels_of(backend: str, kind: Kind) -> _Labels:
+    # keyed by the kind's value, read as the plain attribute ``_value_``: hashing an enum
+    # member, or reading ``.value`` (a descriptor), costs more than the rest of the lookup
+    key = (backend, kind._value_)
+    labels = _labels.get(key)
+    if labels is None:
+        labels = _labels[key] = _Labels(*key)
+    return labels
+
+
 #: leases held and acquisitions waiting now, by (backend, kind): counted while an SDK
 #: meter provider is set, observed by the SDK when it collects
-HELD: dict[tuple[str, str], int] = {}
-WAITING: dict[tuple[str, str], int] = {}
+HELD: dict[_Labels, int] = {}
+WAITING: dict[_Labels, int] = {}
 
 
-def _observer(counts: dict[tuple[str, str], int]) -> Callable[[Any], Iterable[Any]]:
+def _observer(counts: dict[_Labels, int]) -> Callable[[Any], Iterable[Any]]:
     from opentelemetry.metrics import Observation
 
     def observe(options: Any) -> Iterable[Any]:
         # copy() is one step under the GIL: a collecting thread sees a consistent dict
-        return [Observation(n, _metric_attrs(*key)) for key, n in counts.copy().items()]
+        return [Observation(n, labels.attrs) for labels, n in counts.copy().items()]
 
     return observe
 
@@ -235,30 +236,22 @@ def _get() -> _OTel | None:
     return _otel
 
 
-_attrs: dict[tuple[str, ...], dict[str, str]] = {}
+def _meter() -> _OTel | None:
+    """The instruments if an SDK meter provider may be set (called once ``_mm`` said
+    "maybe"), else None."""
+    otel = _otel or _get()
+    return otel if _mm._METER_PROVIDER is not None else None
 
 
-def _metric_attrs(backend: str, kind: str, outcome: str | None = None) -> dict[str, str]:
-    """The (shared, never mutated) attribute dict of one combination."""
-    key = (backend, kind) if outcome is None else (backend, kind, outcome)
-    attrs = _attrs.get(key)
+_backend_attrs: dict[str, dict[str, str]] = {}
+
+
+def _renewal_attrs(backend: Backend) -> dict[str, str]:
+    scheme = backend.url.partition("://")[0] or type(backend).__name__
+    attrs = _backend_attrs.get(scheme)
     if attrs is None:
-        attrs = {"aiolock.backend": backend, "aiolock.kind": kind}
-        if outcome is not None:
-            attrs["aiolock.outcome"] = outcome
-        _attrs[key] = attrs
+        attrs = _backend_attrs[scheme] = {"aiolock.backend": scheme}
     return attrs
-
-
-def _backend_attrs(backend: str) -> dict[str, str]:
-    attrs = _attrs.get((backend,))
-    if attrs is None:
-        attrs = _attrs[(backend,)] = {"aiolock.backend": backend}
-    return attrs
-
-
-def _scheme(backend: Backend) -> str:
-    return backend.url.partition("://")[0] or type(backend).__name__
 
 
 def _outcome(exc: BaseException) -> str:
@@ -289,50 +282,45 @@ def acquire_span(
             return call(self, timeout)  # type: ignore[no-any-return]  # no extra frame
         otel = _otel or _get()
         assert otel is not None
-        measure = otel.metrics_on()
-        trace = otel.traces_on()
-        if not (measure or trace):
-            return call(self, timeout)  # type: ignore[no-any-return]
-        return _traced_acquire(otel, measure, trace, func, self, timeout)
+        if _mm._METER_PROVIDER is None and _tm._TRACER_PROVIDER is None:
+            return call(self, timeout)  # type: ignore[no-any-return]  # (the first call)
+        return _traced_acquire(otel, call, self, timeout)
 
     functools.update_wrapper(acquire, func)
     return cast("Callable[Concatenate[LockT, P], Coroutine[Any, Any, R]]", acquire)
 
 
-async def _traced_acquire(otel: _OTel, measure: bool, trace: bool, func: Any, lock: Lock, /,
-                          *args: Any, **kwargs: Any) -> Any:
-    backend = _scheme(lock._locks.backend)
-    kind = lock.kind.value
-    start = time.perf_counter()
+async def _traced_acquire(otel: _OTel, func: Any, lock: Lock, timeout: Any) -> Any:
+    labels = _labels_of(lock._engine.scheme, lock.kind)
+    measure = _mm._METER_PROVIDER is not None
     outcome = "granted"
-    if not trace:
+    start = time.perf_counter()
+    if _tm._TRACER_PROVIDER is None:
         try:
-            return await func(lock, *args, **kwargs)
+            return await func(lock, timeout)
         except BaseException as exc:
             outcome = _outcome(exc)
             raise
         finally:
-            otel.acquire_duration.record(time.perf_counter() - start, _metric_attrs(backend, kind, outcome))
-    with otel.tracer.start_as_current_span(
-        "aiolock.acquire", attributes={
-            "aiolock.name": lock.name, "aiolock.backend": backend, "aiolock.kind": kind,
-        }, record_exception=False, set_status_on_exception=False,
-    ) as span:
-        try:
-            result = await func(lock, *args, **kwargs)
-            span.set_attribute("aiolock.token", getattr(result, "token", -1))
-            return result
-        except BaseException as exc:
-            outcome = _outcome(exc)
-            if outcome == "error":
-                span.record_exception(exc)
-                span.set_status(otel.error_status.status_code, type(exc).__name__)
-            raise
-        finally:
-            span.set_attribute("aiolock.outcome", outcome)
-            if measure:
-                elapsed = time.perf_counter() - start
-                otel.acquire_duration.record(elapsed, _metric_attrs(backend, kind, outcome))
+            otel.acquire_duration.record(time.perf_counter() - start, labels.outcomes[outcome])
+    span = otel.tracer.start_span("aiolock.acquire", attributes={"aiolock.name": lock.name, **labels.attrs})
+    current = otel.attach(otel.in_context(span))  # client spans nest in it
+    try:
+        lease = await func(lock, timeout)
+        span.set_attributes({"aiolock.token": lease.token, "aiolock.outcome": outcome})
+        return lease
+    except BaseException as exc:
+        outcome = _outcome(exc)
+        span.set_attribute("aiolock.outcome", outcome)
+        if outcome == "error":
+            span.record_exception(exc)
+            span.set_status(otel.error_status.status_code, type(exc).__name__)
+        raise
+    finally:
+        if measure:  # while the span is current: an exemplar may point to it
+            otel.acquire_duration.record(time.perf_counter() - start, labels.outcomes[outcome])
+        otel.detach(current)
+        span.end()
 
 
 def waiting(
@@ -345,27 +333,23 @@ def waiting(
 
     @functools.wraps(func)
     def wait(self: LockT, /, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
-        if _mm._METER_PROVIDER is None:
+        if _mm._METER_PROVIDER is None or _meter() is None:
             return func(self, *args, **kwargs)
-        otel = _otel or _get()
-        assert otel is not None
-        if not otel.metrics_on():
-            return func(self, *args, **kwargs)
-        return _counted_wait(otel, func, self, *args, **kwargs)
+        return _counted_wait(func, self, *args, **kwargs)
 
     return wait
 
 
 async def _counted_wait(
-    otel: _OTel, func: Callable[Concatenate[LockT, P], Coroutine[Any, Any, R]], lock: LockT, /,
+    func: Callable[Concatenate[LockT, P], Coroutine[Any, Any, R]], lock: LockT, /,
     *args: P.args, **kwargs: P.kwargs,
 ) -> R:
-    key = (_scheme(lock._locks.backend), lock.kind.value)
-    WAITING[key] = WAITING.get(key, 0) + 1
+    labels = _labels_of(lock._engine.scheme, lock.kind)
+    WAITING[labels] = WAITING.get(labels, 0) + 1
     try:
         return await func(lock, *args, **kwargs)
     finally:
-        WAITING[key] -= 1
+        WAITING[labels] -= 1
 
 
 def release_span(
@@ -382,28 +366,29 @@ def release_span(
             return call(self)  # type: ignore[no-any-return]
         otel = _otel or _get()
         assert otel is not None
-        if not otel.traces_on():
+        if _tm._TRACER_PROVIDER is None:
             return call(self)  # type: ignore[no-any-return]
-        return _traced_release(otel, func, self)
+        return _traced_release(otel, call, self)
 
     functools.update_wrapper(release, func)
     return cast("Callable[Concatenate[LeaseT, P], Coroutine[Any, Any, R]]", release)
 
 
-async def _traced_release(otel: _OTel, func: Any, lease: Lease, /, *args: Any, **kwargs: Any) -> Any:
+async def _traced_release(otel: _OTel, func: Any, lease: Lease) -> Any:
     hold = lease._hold
-    with otel.tracer.start_as_current_span(
-        "aiolock.release", attributes={
-            "aiolock.name": hold.claim.name, "aiolock.backend": _scheme(hold.session.backend),
-            "aiolock.kind": hold.claim.kind.value, "aiolock.token": hold.token,
-        }, record_exception=False, set_status_on_exception=False,
-    ) as span:
-        try:
-            return await func(lease, *args, **kwargs)
-        except Exception as exc:
-            span.record_exception(exc)
-            span.set_status(otel.error_status.status_code, type(exc).__name__)
-            raise
+    attributes: dict[str, Any] = {"aiolock.name": hold.claim.name, "aiolock.token": hold.token}
+    attributes.update(_labels_of(hold.engine.scheme, hold.claim.kind).attrs)
+    span = otel.tracer.start_span("aiolock.release", attributes=attributes)
+    current = otel.attach(otel.in_context(span))
+    try:
+        return await func(lease)
+    except Exception as exc:
+        span.record_exception(exc)
+        span.set_status(otel.error_status.status_code, type(exc).__name__)
+        raise
+    finally:
+        otel.detach(current)
+        span.end()
 
 
 # -- a lease's life: one call per event ---------------------------------------------------
@@ -414,17 +399,15 @@ def hold_started(hold: _Hold) -> None:
     if lease_log.isEnabledFor(_DEBUG):
         lease_log.debug("acquired %r (%s) token %d, ttl %.3g s", hold.claim.name, hold.claim.kind.value,
                         hold.token, hold.ttl)
-    if _mm._METER_PROVIDER is None:
+    if _mm._METER_PROVIDER is None or _meter() is None:
         return
-    otel = _otel or _get()
-    if otel is not None and otel.metrics_on():
-        key = (_scheme(hold.session.backend), hold.claim.kind.value)
-        HELD[key] = HELD.get(key, 0) + 1
+    labels = _labels_of(hold.engine.scheme, hold.claim.kind)
+    HELD[labels] = HELD.get(labels, 0) + 1
 
 
 def hold_ended(hold: _Hold) -> None:
     """A hold was released on the server (by its owner, or by ``aclose()``)."""
-    closed = hold.session.closed
+    closed = hold.engine.closed
     if closed:
         lease_log.info("lease on %r (token %d) released by closing its connection",
                        hold.claim.name, hold.token)
@@ -433,8 +416,8 @@ def hold_ended(hold: _Hold) -> None:
                         time.monotonic() - hold.since)
     if _mm._METER_PROVIDER is None:
         return
-    otel = _otel or _get()
-    if otel is not None and otel.metrics_on():
+    otel = _meter()
+    if otel is not None:
         _ended(otel, hold, "closed" if closed else None)
 
 
@@ -442,18 +425,17 @@ def hold_lost(hold: _Hold, reason: str) -> None:
     """A hold was lost (``_Hold.mark_lost``; the WARNING is logged there)."""
     if _mm._METER_PROVIDER is None:
         return
-    otel = _otel or _get()
-    if otel is not None and otel.metrics_on():
+    otel = _meter()
+    if otel is not None:
         _ended(otel, hold, loss_outcome(reason))
 
 
 def _ended(otel: _OTel, hold: _Hold, lost: str | None) -> None:
-    backend = _scheme(hold.session.backend)
-    kind = hold.claim.kind.value
-    HELD[backend, kind] = HELD.get((backend, kind), 0) - 1
-    otel.hold_duration.record(time.monotonic() - hold.since, _metric_attrs(backend, kind))
+    labels = _labels_of(hold.engine.scheme, hold.claim.kind)
+    HELD[labels] = HELD.get(labels, 0) - 1
+    otel.hold_duration.record(time.monotonic() - hold.since, labels.attrs)
     if lost is not None:
-        otel.leases_lost.add(1, _metric_attrs(backend, kind, lost))
+        otel.leases_lost.add(1, labels.outcomes[lost])
 
 
 def loss_outcome(reason: str) -> str:
@@ -477,9 +459,9 @@ def renewed(backend: Backend, count: int, sent: float) -> None:
         watchdog_log.debug("renewed %d lease(s) in %.1f ms", count, elapsed * 1000)
     if _mm._METER_PROVIDER is None:
         return
-    otel = _otel or _get()
-    if otel is not None and otel.metrics_on():
-        otel.renewal_duration.record(elapsed, _backend_attrs(_scheme(backend)))
+    otel = _meter()
+    if otel is not None:
+        otel.renewal_duration.record(elapsed, _renewal_attrs(backend))
 
 
 def renewal_failed(backend: Backend, holds: list[_Hold], sent: float, exc: BaseException) -> None:
@@ -491,6 +473,6 @@ def renewal_failed(backend: Backend, holds: list[_Hold], sent: float, exc: BaseE
                       len(holds), exc, left)
     if _mm._METER_PROVIDER is None:
         return
-    otel = _otel or _get()
-    if otel is not None and otel.metrics_on():
-        otel.renewal_duration.record(now - sent, _backend_attrs(_scheme(backend)))
+    otel = _meter()
+    if otel is not None:
+        otel.renewal_duration.record(now - sent, _renewal_attrs(backend))

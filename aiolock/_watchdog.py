@@ -1,4 +1,4 @@
-"""The watchdog: one loop per session renews every held lease, in batches.
+"""The watchdog: one loop per connection renews every held lease, in batches.
 
 Each hold is renewed ``ttl/3`` after its last renewal was *sent*; holds that fall due
 within ``ttl/12`` of the first one go out in the same request (up to :data:`MAX_BATCH`
@@ -36,10 +36,16 @@ MAX_BATCH = 1000
 
 
 class Watchdog:
-    """Renews and expires the holds of one session.
+    """Renews and expires the holds of one connection.
 
     Holds wait in a heap ordered by their next event (renewal due, or expiry); an entry
     is stale once its hold was rescheduled or untracked, and is skipped when popped.
+
+    Invariants: only tracked holds (``_holds``) are scheduled; after each pass of the
+    loop every tracked hold has exactly one live heap entry, the one whose time equals
+    ``hold.sched`` (``nan`` while a pass handles it); a hold whose renewal is in flight
+    (``renewing``) is scheduled for its expiry only, so it is never renewed twice at once;
+    the loop task runs while anything is tracked.
     """
 
     def __init__(
@@ -67,8 +73,13 @@ class Watchdog:
     def untrack(self, hold: _Hold) -> None:
         self._holds.discard(hold)
 
+    def drop_all(self) -> None:
+        """Stop renewing every hold, releasing none (a simulated crash)."""
+        self._holds.clear()
+
     def _schedule(self, hold: _Hold) -> None:
         """(Re)queue ``hold`` for its next event; wake the loop if that comes first."""
+        assert hold in self._holds, "only tracked holds are scheduled"
         when = hold.expires_at
         if hold.watchdog and not hold.renewing:
             when = min(when, hold.renew_at)
@@ -169,7 +180,7 @@ class Watchdog:
             if sent >= hold.expires_at:
                 hold.mark_lost("its last confirmed expiry passed before the renewal was sent")
                 continue
-            hold.expires_at = max(hold.expires_at, sent + ms / 1000)
+            hold.expires_at = max(hold.expires_at, sent + ms / 1000)  # never moves back
             hold.renew_at = sent + min(hold.ttl, ms / 1000) / 3
             self._schedule(hold)
 

@@ -1,8 +1,11 @@
 """What a backend is: a few single-attempt primitives, and the capabilities it declares.
 
-A backend never waits and never retries: the core (:mod:`aiolock._lock`,
-:mod:`aiolock._watchdog`) does all waiting, retrying, deadlines and cancellation. A
-backend answers one request at a time:
+The core (:mod:`aiolock._lock`, :mod:`aiolock._watchdog`) owns waiting for a holder,
+trying again after :class:`Busy`, deadlines, back-off and cancellation: it alone knows
+the caller's deadline, the local queue of waiters and when a cancellation must finish
+first. So a backend primitive never sleeps, never waits for a holder to go, and answers
+one attempt -- with exactly the exceptions listed under "What a backend may do" below.
+The primitives:
 
 * :meth:`Backend.try_acquire` -- take the resource for one :class:`Claim`, or say it is
   busy and for how long the current holder's lease still runs;
@@ -31,6 +34,48 @@ observers see a new leader or new data without polling.
 
 Every claim carries an ``owner`` id unique to that acquisition, so every primitive is
 safe to repeat: releasing or abandoning twice, or after the lease expired, does no harm.
+
+What a backend may do within one primitive, and why
+---------------------------------------------------
+Three things, each bounded, none of them a wait for the resource:
+
+1. **Keep a place in a server-side queue.** Where the server orders waiters itself
+   (ZooKeeper's and etcd's sequence of holder nodes or keys, a blocking
+   ``pg_advisory_lock`` or ``GET_LOCK`` in PostgreSQL's or MySQL's lock queue, the Redis
+   fair queue), a busy ``try_acquire`` may leave the claim queued there and return
+   :class:`Busy` at once: it must not block until the grant (PostgreSQL runs the
+   blocking statement in a background task and answers ``Busy``). Why: that queue is
+   what makes ``fair=True`` first come, first served across processes, lets a waiting
+   writer hold off new readers, and grants the lock the moment it frees, with no missed
+   signal. Rules: only when ``claim.waits`` (a single try registers nothing); the place
+   is the claim's (its ``owner``), a later ``try_acquire`` of the same claim finds it
+   again; ``abandon()`` removes it and bars a grant still on its way; the grant reaches
+   the core through the next ``try_acquire`` after a :meth:`Waiter.wake`, and
+   ``Busy.retry_after`` bounds how long the core waits for that wake.
+2. **Send an idempotent request once more.** A request written on a connection that
+   turned out dead may be sent once more on a fresh connection (the shared pipeline,
+   ``_pipeline.py``, and redis-py's retry policy do this), because the first copy may or
+   may not have reached the server and the primitives are safe to repeat (the claim's
+   ``owner`` makes a repeated acquire re-grant and a repeated release a no-op). Once,
+   and never after a *timeout*: a timed-out request may still be running on the server,
+   and the request timeout is the bound the caller was promised. Where a repeat is not
+   harmless by itself, the backend is told it is one (``on_retry``) and checks.
+3. **Retry a bounded number of times on a conflict, without waiting.** An optimistic
+   update (Memcached's ``cas``, a Redis ``WATCH``/``MULTI``/``EXEC`` transaction, an
+   etcd transaction whose lease vanished) may lose a race against another client or
+   against our own concurrent request, and a recipe may find its listing outdated by
+   the time it acts (ZooKeeper: a predecessor gone before its watch was set, a parent
+   node reaped, our own node reaped as stale). The backend re-reads and tries again at
+   once, a small fixed number of times (a constant in the module), then answers
+   ``Busy`` with a short ``retry_after`` (or raises, if the server keeps refusing).
+   Why: such a conflict is not "the lock is held" -- the answer to this attempt is not
+   known yet -- and handing it to the core would cost a round trip through the wait
+   loop, or report a free lock as busy.
+
+Anything else that repeats or waits -- polling for a release, sleeping between tries,
+reconnect loops that outlast the connect timeout -- belongs to the core or to a
+background task of the backend (a listener, a reaper, a session keeper), never to a
+primitive the core awaits.
 """
 
 from __future__ import annotations
@@ -185,7 +230,8 @@ class Waiter(Protocol):
 
 
 class Backend(abc.ABC):
-    """A lock server driver: single-attempt primitives only (see the module doc)."""
+    """A lock server driver: single-attempt primitives, with the bounded exceptions the
+    module doc lists (a server-side queue place, one resend, bounded conflict retries)."""
 
     #: URL schemes this backend serves, e.g. ``("redis", "rediss", "unix")``.
     schemes: ClassVar[tuple[str, ...]] = ()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from ._connect import connect
+from ._lease import Lease
 from ._locks import Locks
 from .abc import Capability
 from .errors import LockLost, LockTimeout
@@ -88,19 +89,8 @@ async def run_demo(url: str | None = None, out: TextIO = sys.stdout) -> int:
             if i == FROZEN_WORKER and round_ == 1:
                 inside["n"] -= 1
                 holds.append((lease.token, start, time.monotonic(), i))
-                screen.say(who, f"FREEZES while holding token {lease.token} "
-                           f"(process paused {FREEZE:.1f}s; its watchdog cannot renew)", "bad")
-                conns[i]._abandon_for_demo()
-                await asyncio.sleep(FREEZE)
-                screen.say(who, f"wakes up, still thinks it holds token {lease.token}; "
-                           "writes the balance", "warn")
-                if await resource.write(lease.token, str(value + 10)):
-                    screen.say(who, "stale write ACCEPTED -- fencing failed", "bad")
-                else:
+                if await _freeze(screen, who, conns[i], lease, resource, value + 10):
                     stale.append(lease.token)
-                    newest, _ = await resource.read()
-                    screen.say(who, f"stale write REJECTED by fencing: token {lease.token} < "
-                               f"{newest} already seen", "ok")
                 return
             if await resource.write(lease.token, str(value + 10)):
                 balance["value"] = value + 10
@@ -119,6 +109,24 @@ async def run_demo(url: str | None = None, out: TextIO = sys.stdout) -> int:
             await conn.aclose()
         await close_resource()
     return _verdict(screen, holds, inside["max"], balance, stale)
+
+
+async def _freeze(
+    screen: _Screen, who: str, conn: Locks, lease: Lease, resource: FencedResource, value: int,
+) -> bool:
+    """The worker holding ``lease`` freezes (stops renewing, releases nothing) past its
+    ttl, then writes ``value`` with its stale token; True if fencing rejected the write."""
+    screen.say(who, f"FREEZES while holding token {lease.token} "
+               f"(process paused {FREEZE:.1f}s; its watchdog cannot renew)", "bad")
+    conn._engine.abandon_for_demo()
+    await asyncio.sleep(FREEZE)
+    screen.say(who, f"wakes up, still thinks it holds token {lease.token}; writes the balance", "warn")
+    if await resource.write(lease.token, str(value)):
+        screen.say(who, "stale write ACCEPTED -- fencing failed", "bad")
+        return False
+    newest, _ = await resource.read()
+    screen.say(who, f"stale write REJECTED by fencing: token {lease.token} < {newest} already seen", "ok")
+    return True
 
 
 def _verdict(

@@ -19,7 +19,10 @@
 
 Bad arguments raise the built-in :class:`ValueError` with a message that says what is
 accepted. Backends turn their client library's errors into these with
-:func:`map_exceptions`, keeping the original as ``__cause__``.
+:func:`map_exceptions`, keeping the original as ``__cause__``: one exception map per
+backend module, applied around each I/O call (the way httpcore maps each transport's
+errors), so no client exception escapes to the user and every backend says the same
+thing for the same failure.
 """
 
 from __future__ import annotations
@@ -56,8 +59,25 @@ class AccessDenied(LockError, PermissionError):
 def map_exceptions(mapping: Mapping[type[BaseException], type[Exception]]) -> Iterator[None]:
     """Re-raise a client library's exceptions as ours (``raise ours from theirs``).
 
-    The first matching entry of ``mapping`` wins, so list subclasses first.
-    Exceptions that match nothing pass through unchanged.
+    The per-backend tool: each backend module keeps one map and wraps each I/O call::
+
+        _EXC_MAP = {
+            asyncpg.InvalidPasswordError: AccessDenied,   # subclasses first
+            asyncpg.PostgresConnectionError: BackendUnavailable,
+            OSError: BackendUnavailable,
+        }
+
+        with map_exceptions(_EXC_MAP):
+            row = await conn.fetchrow(QUERY, key)
+
+    The first matching entry of ``mapping`` wins, so list subclasses first. The new
+    exception's message is ``"TypeName: original message"``; the original is its
+    ``__cause__``. Exceptions that match nothing, our own :class:`LockError` subclasses
+    and base exceptions such as :class:`asyncio.CancelledError` pass through
+    unchanged. A client message that may carry a secret (a DSN with its password) must
+    be masked by the backend before it reaches here, or mapped to a class of its own.
+    It is a context manager only: to map a whole coroutine, use it inside the coroutine
+    (decorating an ``async def`` would cover only the creation of the coroutine).
     """
     try:
         yield

@@ -424,7 +424,7 @@ async def test_semaphore_dead_holder_permit_expires(backend_url: str, name: str)
         crashed = aiolock.connect(backend_url)
         await crashed.__aenter__()
         held = await crashed.semaphore(name, limit=1, ttl=0.3).acquire()
-        crashed._abandon_for_demo()  # stops renewing without releasing, like a crash
+        crashed._engine.abandon_for_demo()  # stops renewing without releasing, like a crash
         slack = 2.0 if backend_url.startswith("memcached://") else 0.0
         lease = await locks.semaphore(name, limit=1).acquire(timeout=2 + slack)
         del held
@@ -441,7 +441,7 @@ async def test_crashed_holder_frees_within_its_documented_bound(
         crashed = aiolock.connect(backend_url)
         await crashed.__aenter__()
         old = await crashed.lock(name, ttl=ttl).acquire()
-        crashed._abandon_for_demo()
+        crashed._engine.abandon_for_demo()
         started = time.monotonic()
         bound = scenario.dead_holder(ttl)
         lease = await locks.lock(name).acquire(timeout=bound + 3)

@@ -118,3 +118,84 @@ async def test_release_whose_reply_is_lost_is_still_a_release(redis_url: str, na
             proto.send = send_then_drop
         assert lease.released and not lease.lost
         assert not await locks.lock(name).locked()
+
+
+# -- the engine's state: kept while used, dropped after ------------------------------------
+
+
+async def test_engine_state_is_dropped_after_a_storm_of_acquisitions() -> None:
+    """Many tasks on a few names, with re-entries, timeouts and cancellations mid-wait:
+    the engine's invariants (asserted as it goes) hold throughout, the mutex is never
+    held twice, and once all is done no per-name state, owned hold or acquisition in
+    flight is left behind."""
+    async with aiolock.connect(f"memory://{uuid.uuid4().hex}") as locks:
+        engine = locks._engine
+        inside: dict[str, int] = {}
+
+        async def worker(i: int) -> None:
+            name = f"n{i % 3}"
+            lock = locks.lock(name, ttl=5, reentrant=True, timeout=0.05 if i % 4 == 0 else None)
+            for _ in range(20):
+                try:
+                    async with lock:
+                        inside[name] = inside.get(name, 0) + 1
+                        assert inside[name] == 1, "two holders of one mutex"
+                        async with lock:  # a re-entry shares the hold
+                            await asyncio.sleep(0)
+                        inside[name] -= 1
+                except aiolock.LockTimeout:
+                    pass
+
+        tasks = [asyncio.create_task(worker(i)) for i in range(24)]
+        await asyncio.sleep(0.05)
+        for task in tasks[1::5]:
+            task.cancel()  # mid-wait or mid-hold
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(r is None or isinstance(r, asyncio.CancelledError) for r in results), results
+        await asyncio.sleep(0.05)  # background abandons of the cancelled claims
+        assert not engine._locals and not engine._owned and not engine._acquiring
+        assert len(engine.watchdog) == 0
+
+
+# -- errors.map_exceptions: the per-backend exception map ------------------------------------
+
+
+class _ClientError(Exception):
+    pass
+
+
+class _ClientAuthError(_ClientError):
+    pass
+
+
+_EXC_MAP: dict[type[BaseException], type[Exception]] = {
+    _ClientAuthError: aiolock.AccessDenied,  # subclasses first: the first match wins
+    _ClientError: aiolock.BackendUnavailable,
+    OSError: aiolock.BackendUnavailable,
+}
+
+
+@pytest.mark.parametrize(("raised", "expected"), [
+    (_ClientAuthError("bad password"), aiolock.AccessDenied),
+    (_ClientError("gone"), aiolock.BackendUnavailable),
+    (ConnectionResetError("reset"), aiolock.BackendUnavailable),
+])
+async def test_map_exceptions_maps_around_an_await(raised: Exception, expected: type[Exception]) -> None:
+    async def io() -> None:
+        await asyncio.sleep(0)
+        raise raised
+
+    with pytest.raises(expected) as info, aiolock.errors.map_exceptions(_EXC_MAP):
+        await io()
+    assert info.value.__cause__ is raised
+    assert str(info.value) == f"{type(raised).__name__}: {raised}"
+    assert isinstance(info.value, aiolock.LockError)
+
+
+@pytest.mark.parametrize("raised", [
+    ValueError("not in the map"), aiolock.LockTimeout("ours already"), asyncio.CancelledError(),
+])
+async def test_map_exceptions_lets_the_rest_through(raised: BaseException) -> None:
+    with pytest.raises(type(raised)) as info, aiolock.errors.map_exceptions(_EXC_MAP):
+        raise raised
+    assert info.value is raised

@@ -258,9 +258,9 @@ async def test_lost_expired_with_watchdog_off(otel: Telemetry) -> None:
 async def test_lost_revoked_and_renewal_duration(otel: Telemetry) -> None:
     d = Delta(otel)
     async with aiolock.connect(url()) as locks:
-        lock = locks.lock(NAME, ttl=0.3)
+        lock = locks.lock(NAME, ttl=1.5)
         lease = await lock.acquire()
-        await asyncio.sleep(0.25)  # renewed at ~0.1 s and ~0.2 s
+        await asyncio.sleep(0.6)  # renewed at ~0.5 s
         assert d.get("aiolock.renewal.duration", backend="memory") >= 1
         assert await lock.force_release()
         await asyncio.wait_for(lease.wait_lost(), 2)
@@ -353,8 +353,8 @@ def test_without_opentelemetry_nothing_is_wrapped() -> None:
         assert aiolock.Lease._release.__code__.co_name == "_release"
         async def main():
             async with aiolock.connect("memory://") as locks:
-                async with locks.lock("x", ttl=0.3):
-                    await asyncio.sleep(0.15)
+                async with locks.lock("x", ttl=1.5):
+                    await asyncio.sleep(0.6)
         asyncio.run(main())
         assert not any(m.startswith("opentelemetry") and sys.modules[m] for m in sys.modules)
         print("ok")
@@ -370,11 +370,11 @@ def test_api_without_sdk_makes_no_span() -> None:
         assert _telemetry.AVAILABLE
         async def main():
             async with aiolock.connect("memory://") as locks:
-                lock = locks.lock("x", ttl=0.3)
+                lock = locks.lock("x", ttl=1.5)
                 coro = lock.acquire()
                 assert coro.cr_code.co_name == "acquire", coro  # not the traced wrapper
                 lease = await coro
-                await asyncio.sleep(0.15)
+                await asyncio.sleep(0.6)
                 await lease.release()
         asyncio.run(main())
         otel = _telemetry._get()

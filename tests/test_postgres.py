@@ -297,7 +297,7 @@ async def test_row_mode_dead_holder_frees_within_ttl(pg: PostgresServer, name: s
         crashed = aiolock.connect(PostgresBackend.from_url(url))
         await crashed.__aenter__()
         old = await crashed.lock(name, ttl=0.5).acquire()
-        crashed._abandon_for_demo()  # stops renewing, keeps its connection open
+        crashed._engine.abandon_for_demo()  # stops renewing, keeps its connection open
         started = time.monotonic()
         lease = await locks.lock(name).acquire(timeout=3)
         assert time.monotonic() - started < 0.5 + 0.7  # ttl 0.5 s, not a default minutes long
