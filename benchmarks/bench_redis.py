@@ -699,7 +699,7 @@ def environment(server: RedisServer) -> str:
 # -- main ---------------------------------------------------------------------------------
 
 
-async def main(s: Settings, scale_only: bool = False) -> int:
+async def main(s: Settings, scale_only: bool = False, aiolock_only: bool = False) -> int:
     with RedisServer() as server:
         admin = aioredis.Redis.from_url(server.url)
         try:
@@ -725,7 +725,10 @@ async def main(s: Settings, scale_only: bool = False) -> int:
                 Contended("redis-py asyncio Lock, default sleep=0.1", redis_py_contenders(None)),
                 Contended("redis-py asyncio Lock, sleep=0.001", redis_py_contenders(0.001)),
             ]
-            if redis_lock is not None:
+            if aiolock_only:  # an A/B of aiolock versions (PYTHONPATH): floor and aiolock
+                uncontended = uncontended[:3]
+                contended = contended[:1]
+            elif redis_lock is not None:
                 uncontended.append(Uncontended(
                     "python-redis-lock, SYNC (auto_renewal thread)", redis_lock_session, sync=True
                 ))
@@ -743,11 +746,12 @@ async def main(s: Settings, scale_only: bool = False) -> int:
             b_memory = await bench_contended(
                 [Contended("aiolock memory:// (reference)", aiolock_contenders)], "memory://", s
             )
-            c = await bench_watchdog(server, admin, s)
-            d = await bench_burst(server)
-
             print_uncontended(s, a_redis, a_memory)
             print_contended(s, b_redis + b_memory)
+            if aiolock_only:
+                return 0
+            c = await bench_watchdog(server, admin, s)
+            d = await bench_burst(server)
             print_watchdog(c)
             print_burst(d, c)
             print("\nreq = requests (round trips) clients sent, counted with MONITOR in a "
@@ -776,5 +780,8 @@ if __name__ == "__main__":
                         help="shorter runs (2 s contention, 10 s watchdog hold)")
     parser.add_argument("--scale-only", action="store_true",
                         help="only (c) watchdog scale and (d) the 50,000-acquire burst")
+    parser.add_argument("--aiolock-only", action="store_true",
+                        help="only (a) and (b), for aiolock and the raw floor: an A/B of two "
+                             "aiolock versions, e.g. PYTHONPATH=<a checkout of main>")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(QUICK if args.quick else FULL, args.scale_only)))
+    sys.exit(asyncio.run(main(QUICK if args.quick else FULL, args.scale_only, args.aiolock_only)))

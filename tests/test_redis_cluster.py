@@ -335,3 +335,23 @@ async def test_rwlock_and_semaphore_across_connections(redis_cluster: RedisClust
 
             await asyncio.wait_for(asyncio.gather(*(user(c) for c in (a, b) * 5)), 20)
             assert peak == 2
+
+
+async def test_scan_finds_held_names_on_every_master(
+    locks: aiolock.Locks, redis_cluster: RedisClusterServers
+) -> None:
+    """scan() walks every master (SCAN on each), not only the node it asks first."""
+    backend = backend_of(locks)
+    spread = names_on_every_master(redis_cluster, backend, per_master=2)
+    names = [n for group in spread.values() for n in group]
+    prefix = "spread-"  # every name of names_on_every_master
+    leases = [await locks.lock(n, ttl=5, data=n).acquire() for n in names]
+    try:
+        found = {info.name: info async for info in locks.scan(prefix)}
+        assert set(names) <= set(found)  # (other tests' "spread-" names may be held too)
+        assert all(found[n].held_by[0].data == n for n in names)
+        assert await locks.lock(names[0]).force_release()  # and revoke on any master
+        assert names[0] not in {info.name async for info in locks.scan(prefix)}
+    finally:
+        for lease in leases:
+            await lease.release()

@@ -42,7 +42,7 @@ def tls_server() -> Iterator[TlsRedisServer]:
 
 #: The least privileges aiolock needs on plain Redis with the default prefix (README).
 ACL_COMMANDS = ("+ping", "+evalsha", "+script|load", "+subscribe", "+unsubscribe",
-                "+publish")
+                "+publish", "+scan")
 #: What the Lua scripts run (Redis checks a script's commands against the ACL too).
 ACL_SCRIPT_COMMANDS = ("+get", "+set", "+del", "+exists", "+incr", "+pexpire", "+pttl",
                        "+hget", "+hmget", "+hset", "+hdel", "+lindex", "+llen", "+lpop",
@@ -513,6 +513,21 @@ async def test_least_privilege_acl_rwlock_and_semaphore(acl_locks: aiolock.Locks
     await permits[0].release()
     await (await third).release()
     await permits[1].release()
+
+
+async def test_least_privilege_acl_coordination(acl_locks: aiolock.Locks) -> None:
+    """Holders, scan (SCAN: +scan), revocation and an election under the same ACL."""
+    name = _name()
+    lease = await acl_locks.lock(name, ttl=5, data="d").acquire()
+    assert [h.data for h in (await acl_locks.status(name)).held_by] == ["d"]
+    assert [i.name async for i in acl_locks.scan(name)] == [name]
+    assert await acl_locks.lock(name).force_release()
+    await lease.release()
+    election = acl_locks.election(name, ttl=5)
+    async with election.campaign(data="a") as term:
+        await term.proclaim("b")
+        leader = await election.leader()
+        assert leader is not None and leader.data == "b"
 
 
 @pytest.mark.parametrize("user", ["noevalsha", "nochannels"])

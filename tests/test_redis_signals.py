@@ -88,3 +88,43 @@ async def test_many_concurrent_requests_queue_instead_of_failing(backend: RedisB
     assert not any(lease.lost for lease in leases)
     await asyncio.gather(*(lease.release() for lease in leases))
     await locks.aclose()  # closes the backend too; the fixture's second close is a no-op
+
+
+
+@pytest.fixture(params=list(SERVERS))
+def url(request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue(SERVERS[request.param]).url)
+
+
+async def test_observe_is_woken_by_the_server_not_by_polling(url: str) -> None:
+    """An election's grants, proclaims and resignations are published on its channel:
+    observe() sees each within a fraction of a second, where its ttl (30 s) would let a
+    poller wait 15 s; another connection makes the changes."""
+    name = f"obs-{uuid.uuid4().hex}"
+    seen: list[str | None] = []
+    changed = asyncio.Event()
+
+    async def watch(locks: aiolock.Locks) -> None:
+        async for leader in locks.election(name, ttl=30).observe():
+            seen.append(None if leader is None else leader.data)
+            changed.set()
+
+    async def settled(value: str | None) -> None:
+        async with asyncio.timeout(3):
+            while not (seen and seen[-1] == value):
+                changed.clear()
+                await changed.wait()
+
+    async with aiolock.connect(url) as observer, aiolock.connect(url) as other:
+        watcher = asyncio.create_task(watch(observer))
+        try:
+            await settled(None)
+            term = await other.election(name, ttl=30).campaign(data="one").acquire()
+            await settled("one")
+            await term.proclaim("two")
+            await settled("two")
+            await term.release()
+            await settled(None)
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)

@@ -227,9 +227,10 @@ async def test_fair_dead_waiter_is_skipped(r: Any) -> None:
 async def test_inspect(r: Any) -> None:
     out = await run(r, INSPECT, keys("n", "-"))
     assert out[0] == b"" and out[1] == -1 and out[3] == -1
-    await acquire(r, "a")
-    owner, token, pttl, last, queued = await run(r, INSPECT, keys("n", "-"))
+    await run(r, ACQUIRE, keys("n", "a"), "a", 10_000, "0", 10_000, "inbox-a", '{"d":"x|y"}')
+    owner, token, pttl, last, queued, info, held = await run(r, INSPECT, keys("n", "-"))
     assert owner == b"a" and token == 1 and 0 < pttl <= 10_000 and last == 1 and queued == 0
+    assert info == b'{"d":"x|y"}' and 0 <= held < 1000
 
 
 async def test_fenced_write(r: Any) -> None:
@@ -315,3 +316,44 @@ async def test_a_resent_release_is_still_a_release(r: Any) -> None:
         await shared(r, "s-" + kind, kind)
         assert await shared_release(r, "s-" + kind, kind, mark=60_000) == 1
         assert await shared_release(r, "s-" + kind, kind, mark=60_000) == 1
+
+
+async def test_a_hand_off_carries_the_waiters_holder_record(r: Any) -> None:
+    """Holder records cost no round trip: the waiter's registration carries its record,
+    and the release that hands it the lock stores it beside the grant."""
+    await run(r, ACQUIRE, keys("n", "a"), "a", 10_000, "0", 10_000, "in|box", "rec-a")
+    await run(r, ACQUIRE, keys("n", "b"), "b", 10_000, "0", 10_000, "in|box", "rec|b")
+    assert (await release_reply(r, "a"))[1] == b"b"
+    lock = await r.hmget("aiolock:lock:{n}", "owner", "info", "gttl", "since")
+    assert lock == [b"b", b"rec|b", b"10000", None]  # held for gttl - PTTL ms: no TIME
+    k = ["aiolock:lock:{n}", "aiolock:lock:{n}"]
+    assert await r.eval(RENEW.source, 2, *k, "h", "b", 10_000) == [10_000]
+    since = await r.hget("aiolock:lock:{n}", "since")  # the first renewal fixes it
+    held = (await run(r, INSPECT, keys("n", "-")))[6]
+    assert since is not None and 0 <= held < 1000
+    await release(r, "b")
+    await shared(r, "p1", "p", limit=2)
+    record = await r.hget("aiolock:sem:{n}:ht", "p1")
+    assert record is not None and record.startswith(b"1|") and record.endswith(b"|")
+
+
+async def test_revoke_marks_the_holder_and_hands_the_lock_on(r: Any) -> None:
+    from aiolock.backends._redis_admin import REVOKE, SET_INFO
+
+    await acquire(r, "a")
+    await acquire(r, "b")
+    assert await run(r, REVOKE, keys("n", "-"), "x", "0", 60_000) == 1
+    assert await r.hget("aiolock:lock:{n}", "owner") == b"b"  # handed to the waiter
+    assert await r.get("aiolock:lock:{n}:seq") == b"2"  # the counter only moved for b
+    k = ["aiolock:lock:{n}", "aiolock:lock:{n}"]
+    assert await r.eval(RENEW.source, 2, *k, "h", "a", 5000) == [-1]  # a: revoked
+    assert await release(r, "a") == 0  # its late release frees nothing
+    assert await run(r, SET_INFO, keys("n", "b"), "b", "new", "h") == 1
+    assert await run(r, SET_INFO, keys("n", "a"), "a", "zombie", "h") == 0
+    assert await r.hget("aiolock:lock:{n}", "info") == b"new"
+    await shared(r, "p1", "p", limit=2)
+    await shared(r, "p2", "p", limit=2)
+    assert await run(r, REVOKE, shared_keys("-", "sem"), "sem", "0", 60_000) == 2
+    ks = ["aiolock:sem:{n}:h", "aiolock:sem:{n}:ht"]
+    assert await r.eval(RENEW.source, 2, *ks, "z", "p1", 5000) == [-1]
+    assert await run(r, REVOKE, shared_keys("-", "sem"), "sem", "0", 60_000) == 0

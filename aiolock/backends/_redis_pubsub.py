@@ -37,7 +37,7 @@ from ._redis_errors import redis_error
 
 __all__ = ["IDLE_UNSUBSCRIBE", "Signals"]
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.backends.redis")
 
 #: Seconds a channel stays subscribed after its last waiter left.
 IDLE_UNSUBSCRIBE = 10.0

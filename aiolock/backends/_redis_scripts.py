@@ -3,25 +3,33 @@
 All scripts of one lock take the same KEYS, built by ``RedisBackend._keys`` and sharing
 the hash tag ``{<escaped name>}`` so they live in one cluster slot:
 
-    KEYS[1]  lock hash        fields owner, token; expires with the lease (PEXPIRE)
+    KEYS[1]  lock hash        fields owner, token, info (the holder record, see
+                              ``aiolock._holder``) and when it was granted: since
+                              (server ms), or gttl (the lease's ms at the grant: held
+                              for gttl - PTTL ms, until the first renewal sets since,
+                              so a grant needs no TIME); expires with the lease
     KEYS[2]  token counter    INCR'ed per grant; never expires, so tokens never repeat
     KEYS[3]  queue            list of waiting owner ids, in arrival order
     KEYS[4]  queue deadlines  zset owner id -> server-clock ms after which the place lapses
                               (read-write locks and semaphores; plain locks use KEYS[5])
-    KEYS[5]  waiter key       of one claim: its tombstone, set by an abandon, bars a late
-                              grant; for a plain lock it also registers a waiting claim
-                              (see ``ACQUIRE``)
+    KEYS[5]  waiter key       of one claim: its tombstone (``a``, set by an abandon) bars a
+                              late grant, ``r`` marks a release, ``v`` a revocation (see
+                              ``REVOKE``); for a plain lock it also registers a waiting
+                              claim (see ``ACQUIRE``)
 
 Read-write locks and semaphores add two keys (``ACQUIRE_SHARED``, ``RELEASE_SHARED``):
 
     KEYS[6]  holders          zset owner id -> lease expiry (server-clock ms): readers
                               of a read-write lock, or semaphore permits
-    KEYS[7]  holder tokens    hash owner id -> fencing token
+    KEYS[7]  holder records   hash owner id -> ``<token>|<since>|<info>``: fencing token,
+                              server ms of the grant, holder record
 
 and use KEYS[1] for the writer of a read-write lock. Their waiting queue (KEYS[3..4])
 holds waiting writers (so new readers let them go first) and fair permit waiters.
 
 Time-dependent logic uses the server clock (``TIME``, ``PEXPIRE``), never the client's.
+An election (``Kind.LEADER``, family ``elect``) is a plain lock whose grants, releases
+and record changes are also announced on its own channel KEYS[1] (``|``), for observers.
 """
 
 from __future__ import annotations
@@ -29,8 +37,8 @@ from __future__ import annotations
 import hashlib
 
 __all__ = [
-    "ACQUIRE", "ACQUIRE_SHARED", "INSPECT", "INSPECT_SHARED", "RELEASE", "RELEASE_SHARED",
-    "RENEW", "SCRIPTS", "Script",
+    "ACQUIRE", "ACQUIRE_SHARED", "INSPECT", "INSPECT_SHARED", "LIB", "RELEASE",
+    "RELEASE_SHARED", "RENEW", "SCRIPTS", "WAITER", "Script",
 ]
 
 
@@ -46,10 +54,15 @@ class Script:
 
 
 #: Lua helpers prepended to the scripts that need them.
-_LIB = """
+LIB = """
 local function server_now()  -- ms on the server's clock
   local t = redis.call('time')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function held_ms(since, gttl, pttl)  -- how long a lock hash's holder has held it
+  if since then return server_now() - tonumber(since) end
+  if gttl and pttl >= 0 then return math.max(tonumber(gttl) - pttl, 0) end
+  return -1
 end
 local function release_marker(released)  -- RELEASE*: see RELEASE's ARGV[3], ARGV[4]
   if ARGV[3] ~= '1' and ARGV[4] ~= '0' then
@@ -79,27 +92,57 @@ end
 #:
 #: A claim that will wait registers when it finds the lock busy: its owner id goes at the
 #: end of the list KEYS[3] and its *waiter key* ``<KEYS[1]>:x:<owner>`` (KEYS[5] of its
-#: own calls; same hash tag, so the same cluster slot) holds ``<lease ttl ms>|<inbox>``,
-#: expiring after the waiter ttl unless the waiter comes back (it does, every third of
-#: that). A release hands the lock straight to the first live waiter of the list -- new
-#: token, lease of that waiter's ttl -- and publishes ``<KEYS[1]>|<new owner>|<token>``
-#: on that waiter's *inbox*, a pub/sub channel of its process: one message, heard by one
+#: own calls; same hash tag, so the same cluster slot) holds its registration
+#: ``<lease ttl ms>|<inbox length>|<inbox><holder record>``, expiring after the waiter
+#: ttl unless the waiter comes back (it does, every third of that). A release hands the
+#: lock straight to the first live waiter of the list -- new token, lease of that
+#: waiter's ttl, its holder record -- and publishes ``<KEYS[1]>|<new owner>|<token>`` on
+#: that waiter's *inbox*, a pub/sub channel of its process: one message, heard by one
 #: process, no retry round trip. Entries whose waiter key lapsed (a dead process) or
 #: holds a tombstone are skipped. The waiter key also holds the tombstone (``'a'``, an
-#: abandoned claim) and the release marker (``'r'``), which bar a grant.
+#: abandoned claim), the release marker (``'r'``) and the revocation mark (``'v'``),
+#: which bar a grant.
 #:
 #: A release may instead name a waiting claim of its own process (ARGV[5]): it hands the
 #: lock to that one, queue or not, and says so in its reply (a local hand-off) -- the
 #: backend bounds how many times in a row it does that while others wait. A non-fair
 #: claim may also take a free lock at once, queue or not.
 #:
-#: Lua helper of ACQUIRE and RELEASE: a waiter key's value ``<lease ttl ms>|<inbox>``
-#: -> ttl, inbox; nil for anything else (none, a tombstone, a release marker).
-_WAITER = """
+#: Lua helpers of ACQUIRE, RELEASE and REVOKE: ``registration(x)``, a waiter key's value
+#: -> ttl, inbox, holder record (nil for anything else: none, a tombstone, a marker);
+#: ``take(owner, ttl, info, queued)`` grants KEYS[1] (a new token; every 8th grant from
+#: the queue also renews the queue's expiry); ``hand_over(announce)`` grants
+#: it to the first live registered waiter and tells its process (and, for an election,
+#: the observers on KEYS[1]): the new owner and its token, or nil if nobody waits.
+WAITER = """
 local function registration(x)
   if not x then return nil end
-  local ttl, inbox = string.match(x, '^(%d+)|(.+)$')
-  return tonumber(ttl), inbox
+  local ttl, n, rest = string.match(x, '^(%d+)|(%d+)|(.*)$')
+  if not ttl then return nil end
+  n = tonumber(n)
+  return tonumber(ttl), string.sub(rest, 1, n), string.sub(rest, n + 1)
+end
+local function queue_ttl(wttl) return math.max(4 * wttl, 600000) end
+local function take(owner, ttl, info, queued)
+  local token = redis.call('incr', KEYS[2])
+  redis.call('hset', KEYS[1], 'owner', owner, 'token', token, 'info', info, 'gttl', ttl)
+  redis.call('pexpire', KEYS[1], ttl)
+  if queued and token % 8 == 0 then redis.call('pexpire', KEYS[3], queue_ttl(ttl)) end
+  return token
+end
+local function hand_over(announce)
+  local next = redis.call('lpop', KEYS[3])
+  while next do
+    local ttl, inbox, info = registration(redis.call('get', KEYS[1] .. ':x:' .. next))
+    if ttl then
+      local token = take(next, ttl, info, true)
+      redis.call('publish', inbox, KEYS[1] .. '|' .. next .. '|' .. token)
+      if announce then redis.call('publish', KEYS[1], '|') end
+      return next, token
+    end
+    next = redis.call('lpop', KEYS[3])
+  end
+  return nil
 end
 """
 
@@ -110,14 +153,17 @@ end
 #: ARGV[4]  waiter ttl, ms: register as a waiter when busy (its place lapses unless it
 #:          comes back within that); "0": do not register (a single try)
 #: ARGV[5]  the waiter's inbox: the pub/sub channel of its process (registered only)
+#: ARGV[6]  the claim's holder record (stored beside the grant; default '')
+#: ARGV[7]  "1" to announce a grant on KEYS[1] (an election's observers)
 #: returns  {1, token, ttl_ms}  granted (also if this owner already holds it)
 #:          {0, retry_ms, token} busy: retry within the holder's remaining ttl (and,
 #:                              registered, within a third of the waiter ttl); token:
 #:                              the holder's (or the counter's), which a grant message
 #:                              for this claim must exceed to be believed
-#:          {-1}                the claim was abandoned (or released)
-ACQUIRE = Script("acquire", _LIB + _WAITER + """
+#:          {-1}                the claim was abandoned, released or revoked
+ACQUIRE = Script("acquire", LIB + WAITER + """
 local me = ARGV[1]
+local info = ARGV[6] or ''
 local lock = redis.call('hmget', KEYS[1], 'owner', 'token')
 if lock[1] == me then
   return {1, tonumber(lock[2]), redis.call('pttl', KEYS[1])}
@@ -141,9 +187,8 @@ if not lock[1] then
       redis.call('lrem', KEYS[3], 1, me)
       redis.call('del', KEYS[5])
     end
-    local token = redis.call('incr', KEYS[2])
-    redis.call('hset', KEYS[1], 'owner', me, 'token', token)
-    redis.call('pexpire', KEYS[1], ttl)
+    local token = take(me, ttl, info, x or head)
+    if ARGV[7] == '1' then redis.call('publish', KEYS[1], '|') end
     return {1, token, ttl}
   end
   retry = redis.call('pttl', KEYS[1] .. ':x:' .. head)  -- until the head's place lapses
@@ -153,15 +198,19 @@ else
   seen = tonumber(lock[2])
 end
 if wttl > 0 then
-  local old = redis.call('set', KEYS[5], ARGV[2] .. '|' .. ARGV[5], 'PX', wttl, 'GET')
-  if old and not registration(old) then  -- a tombstone (or release marker): put it back
+  local value = ARGV[2] .. '|' .. #ARGV[5] .. '|' .. ARGV[5] .. info
+  local old = redis.call('set', KEYS[5], value, 'PX', wttl, 'GET')
+  if old and not registration(old) then  -- a tombstone (or marker): put it back
     redis.call('set', KEYS[5], old, 'PX', math.max(60000, 2 * ttl))
     return {-1}
   end
-  if not old or not redis.call('lpos', KEYS[3], me) then
-    redis.call('rpush', KEYS[3], me)
+  -- the queue's expiry: set when it is made, by every refresh, and every 8th grant
+  -- (see take): a queue that never empties still never lapses under its waiters
+  if old and redis.call('lpos', KEYS[3], me) then
+    redis.call('pexpire', KEYS[3], queue_ttl(wttl))
+  elseif redis.call('rpush', KEYS[3], me) == 1 or old then
+    redis.call('pexpire', KEYS[3], queue_ttl(wttl))
   end
-  redis.call('pexpire', KEYS[3], math.max(2 * wttl, 600000))
   local refresh = math.floor(wttl / 3)
   if retry > refresh then retry = refresh end
 end
@@ -180,16 +229,19 @@ return {0, retry, seen}
 #:          ms) so that a repeat of it (a client that resent it after a lost reply)
 #:          still returns 1
 #: ARGV[5]  owner id of a waiting claim of this process to hand the lock to (unless
-#:          it was abandoned), lease ARGV[6] ms; '': hand it to the first live waiter
+#:          it was abandoned), lease ARGV[6] ms, holder record ARGV[7]; '': hand it to
+#:          the first live waiter
+#: ARGV[8]  "1" to announce every change on KEYS[1] (an election's observers)
 #: publishes ``<KEYS[1]>|<new owner>|<token>`` on the new owner's inbox when it handed
 #:          the lock over (only that process hears it); else, when it freed the lock,
 #:          ``<owner>|`` on the lock's own channel KEYS[1] (for listeners that do not
-#:          register, such as Redlock's nodes)
+#:          register, such as Redlock's nodes and an election's observers)
 #: returns  {released, new owner or '', its token or 0, queue length (after a local
 #:          hand-off; else 0)}
 #:          released: 1 if this owner held the lock (now released), else 0
-RELEASE = Script("release", _LIB + _WAITER + """
+RELEASE = Script("release", LIB + WAITER + """
 local me = ARGV[1]
+local announce = ARGV[8] == '1'
 local holder = redis.call('hget', KEYS[1], 'owner')
 local released = 0
 local free = false
@@ -208,28 +260,17 @@ if ARGV[5] ~= '' and holder then
   local x = redis.call('get', KEYS[1] .. ':x:' .. ARGV[5])
   if not x or registration(x) then
     if x then redis.call('lrem', KEYS[3], 1, ARGV[5]) end
-    local token = redis.call('incr', KEYS[2])
-    redis.call('hset', KEYS[1], 'owner', ARGV[5], 'token', token)
-    redis.call('pexpire', KEYS[1], ARGV[6])
+    local token = take(ARGV[5], ARGV[6], ARGV[7] or '', x)
+    if announce then redis.call('publish', KEYS[1], '|') end
     return {released, ARGV[5], token, redis.call('llen', KEYS[3])}
   end
 end
-local next = redis.call('lpop', KEYS[3])
-while next do
-  local ttl, inbox = registration(redis.call('get', KEYS[1] .. ':x:' .. next))
-  if ttl then
-    local token = redis.call('incr', KEYS[2])
-    redis.call('hset', KEYS[1], 'owner', next, 'token', token)
-    redis.call('pexpire', KEYS[1], ttl)
-    redis.call('publish', inbox, KEYS[1] .. '|' .. next .. '|' .. token)
-    return {released, next, token, 0}
-  end
-  next = redis.call('lpop', KEYS[3])
-end
+local next, token = hand_over(announce)
+if next then return {released, next, token, 0} end
 if holder then
   redis.call('del', KEYS[1])
   -- nobody registered to be handed it: tell the lock's own channel (listeners that do
-  -- not register, e.g. Redlock's nodes; nobody subscribes to it otherwise)
+  -- not register, e.g. Redlock's nodes, an election's observers)
   redis.call('publish', KEYS[1], me .. '|')
 end
 return {released, '', 0, 0}
@@ -237,24 +278,31 @@ return {released, '', 0, 0}
 
 #: RENEW -- extend many held claims in one call (the watchdog's batch).
 #: KEYS[2i-1]   claim i's key: its lock hash (mode 'h') or holders zset (mode 'z')
-#: KEYS[2i]     claim i's second key: unused for 'h'; the holder tokens hash for 'z'
+#: KEYS[2i]     claim i's second key: unused for 'h'; the holder records hash for 'z'
 #: ARGV[3i-2]   mode of claim i ('h' or 'z')   ARGV[3i-1]  its owner id
 #: ARGV[3i]     its ttl, ms
-#: returns      per claim, the ttl granted in ms, or 0 if it no longer holds
-RENEW = Script("renew", _LIB + """
+#: returns      per claim, the ttl granted in ms, 0 if it no longer holds, or -1 if an
+#:              operator revoked it (its waiter key holds the mark 'v', see REVOKE)
+RENEW = Script("renew", LIB + """
 local now = server_now()
 local out = {}
 for i = 1, #KEYS / 2 do
   local key = KEYS[2 * i - 1]
   local owner = ARGV[3 * i - 1]
   local ttl = tonumber(ARGV[3 * i])
+  local base = key
   out[i] = 0
   if ARGV[3 * i - 2] == 'h' then
-    if redis.call('hget', key, 'owner') == owner then
+    local lock = redis.call('hmget', key, 'owner', 'since', 'gttl')
+    if lock[1] == owner then
+      if not lock[2] and lock[3] then  -- the first renewal: fix the grant's time
+        redis.call('hset', key, 'since', now - (tonumber(lock[3]) - redis.call('pttl', key)))
+      end
       redis.call('pexpire', key, ttl)
       out[i] = ttl
     end
   else
+    base = string.sub(key, 1, -3)  -- '<base>:h'
     local expiry = redis.call('zscore', key, owner)
     if expiry and tonumber(expiry) > now then
       redis.call('zadd', key, now + ttl, owner)
@@ -264,6 +312,7 @@ for i = 1, #KEYS / 2 do
       out[i] = ttl
     end
   end
+  if out[i] == 0 and redis.call('get', base .. ':x:' .. owner) == 'v' then out[i] = -1 end
 end
 return out
 """)
@@ -271,12 +320,14 @@ return out
 #: INSPECT -- who holds the lock now.
 #: KEYS     as in the module doc (KEYS[1..3])
 #: returns  {owner or '', token or -1, pttl ms (negative if not held),
-#:           highest token ever given or -1, fair queue length}
-INSPECT = Script("inspect", """
-local owner = redis.call('hget', KEYS[1], 'owner') or ''
-local token = tonumber(redis.call('hget', KEYS[1], 'token') or '-1')
+#:           highest token ever given or -1, fair queue length,
+#:           holder record or '', ms held or -1}
+INSPECT = Script("inspect", LIB + """
+local lock = redis.call('hmget', KEYS[1], 'owner', 'token', 'info', 'since', 'gttl')
 local last = tonumber(redis.call('get', KEYS[2]) or '-1')
-return {owner, token, redis.call('pttl', KEYS[1]), last, redis.call('llen', KEYS[3])}
+local pttl = redis.call('pttl', KEYS[1])
+return {lock[1] or '', tonumber(lock[2] or '-1'), pttl, last, redis.call('llen', KEYS[3]),
+        lock[3] or '', held_ms(lock[4], lock[5], pttl)}
 """)
 
 #: ACQUIRE_SHARED -- grant a read lock, a write lock or a semaphore permit, or say how
@@ -285,11 +336,12 @@ return {owner, token, redis.call('pttl', KEYS[1]), last, redis.call('llen', KEYS
 #: KEYS     all seven (see the module doc)
 #: ARGV[1]  owner id   ARGV[2]  lease ttl, ms   ARGV[3]  "1" for a fair claim
 #: ARGV[4]  waiter ttl, ms   ARGV[5]  'r' read, 'w' write or 'p' permit
-#: ARGV[6]  permit limit (semaphores)
+#: ARGV[6]  permit limit (semaphores)   ARGV[7]  the claim's holder record (default '')
 #: returns  as ACQUIRE: {1, token, ttl_ms} | {0, retry_ms} | {-1}
-ACQUIRE_SHARED = Script("acquire_shared", _LIB + """
+ACQUIRE_SHARED = Script("acquire_shared", LIB + """
 if redis.call('exists', KEYS[5]) == 1 then return {-1} end
 local owner = ARGV[1]
+local info = ARGV[7] or ''
 local ttl = tonumber(ARGV[2])
 local kind = ARGV[5]
 local now = server_now()
@@ -303,7 +355,7 @@ if kind == 'w' then
     return {1, tonumber(redis.call('hget', KEYS[1], 'token')), redis.call('pttl', KEYS[1])}
   end
 elseif redis.call('zscore', KEYS[6], owner) then
-  return {1, tonumber(redis.call('hget', KEYS[7], owner)), ttl}
+  return {1, tonumber(string.match(redis.call('hget', KEYS[7], owner), '^%d+')), ttl}
 end
 local busy = false
 local retry = 0
@@ -333,11 +385,11 @@ if not busy then
   end
   local token = redis.call('incr', KEYS[2])
   if kind == 'w' then
-    redis.call('hset', KEYS[1], 'owner', owner, 'token', token)
+    redis.call('hset', KEYS[1], 'owner', owner, 'token', token, 'info', info, 'since', now)
     redis.call('pexpire', KEYS[1], ttl)
   else
     redis.call('zadd', KEYS[6], now + ttl, owner)
-    redis.call('hset', KEYS[7], owner, token)
+    redis.call('hset', KEYS[7], owner, token .. '|' .. now .. '|' .. info)
     for i = 6, 7 do
       if redis.call('pttl', KEYS[i]) < ttl then redis.call('pexpire', KEYS[i], ttl) end
     end
@@ -362,7 +414,7 @@ return {0, retry}
 #: KEYS     all seven   ARGV[1..4] as RELEASE   ARGV[5] 'r', 'w' or 'p'
 #: publishes ``<owner>|<first queued owner or ''>`` when something was freed
 #: returns  1 if this owner held it (now released), else 0
-RELEASE_SHARED = Script("release_shared", _LIB + """
+RELEASE_SHARED = Script("release_shared", LIB + """
 local owner = ARGV[1]
 local released = 0
 local wake = false
@@ -399,17 +451,28 @@ return released
 #: INSPECT_SHARED -- who holds a read-write lock or semaphore now.
 #: KEYS     all seven
 #: returns  {writer owner or '', writer token or -1, writer pttl, highest token or -1,
-#:           queue length, live shared holders, ms until the last shared lease ends}
-INSPECT_SHARED = Script("inspect_shared", _LIB + """
+#:           queue length, live shared holders, ms until the last shared lease ends,
+#:           writer's holder record or '', ms the writer has held it or -1,
+#:           {record, ms held, record, ms held, ...} of the live shared holders}
+INSPECT_SHARED = Script("inspect_shared", LIB + """
 local now = server_now()
-local owner = redis.call('hget', KEYS[1], 'owner') or ''
-local token = tonumber(redis.call('hget', KEYS[1], 'token') or '-1')
+local w = redis.call('hmget', KEYS[1], 'owner', 'token', 'info', 'since', 'gttl')
 local last = tonumber(redis.call('get', KEYS[2]) or '-1')
-local live = redis.call('zcount', KEYS[6], '(' .. now, '+inf')
+local owners = redis.call('zrangebyscore', KEYS[6], '(' .. now, '+inf')
+local records = {}
+if #owners > 0 then
+  for _, r in ipairs(redis.call('hmget', KEYS[7], unpack(owners))) do
+    local since, info = string.match(r or '', '^%d+|(%d+)|(.*)$')
+    records[#records + 1] = info or ''
+    records[#records + 1] = since and now - tonumber(since) or -1
+  end
+end
 local lastend = redis.call('zrange', KEYS[6], -1, -1, 'WITHSCORES')
 local left = -1
 if lastend[2] and tonumber(lastend[2]) > now then left = tonumber(lastend[2]) - now end
-return {owner, token, redis.call('pttl', KEYS[1]), last, redis.call('llen', KEYS[3]), live, left}
+local pttl = redis.call('pttl', KEYS[1])
+return {w[1] or '', tonumber(w[2] or '-1'), pttl, last, redis.call('llen', KEYS[3]), #owners,
+        left, w[3] or '', held_ms(w[4], w[5], pttl), records}
 """)
 
 

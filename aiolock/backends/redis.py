@@ -7,8 +7,11 @@ pipelined connection (:mod:`aiolock.backends._resp`) and pub/sub on ``redis.asyn
 both with every option of the URL (:mod:`aiolock.backends._redis_options`; where the
 lean connection cannot honour one, the scripts go through ``redis.asyncio`` too);
 built from a ``redis.asyncio`` client you pass in, everything goes through that client.
-Keys are ``<prefix>:lock:{<name>}...`` where the name is escaped (``%``, ``{``, ``}``
-percent-encoded) so the braces form a cluster hash tag covering every key of one lock.
+Keys are ``<prefix>:<family>:{<name>}...`` (family ``lock``, ``rw``, ``sem`` or
+``elect``) where the name is escaped (``%``, ``{``, ``}`` percent-encoded) so the braces
+form a cluster hash tag covering every key of one lock. Waiting on a plain lock or an
+election, and its hand-offs: :mod:`aiolock.backends._redis_handoff`; holder records,
+``scan``, revocation and ``proclaim``: :mod:`aiolock.backends._redis_admin`.
 
 Guarantees and limits: leases live on one Redis master. If it restarts without
 persistence, or fails over to a replica that missed the latest writes, a held lease can
@@ -28,9 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -38,34 +40,20 @@ from redis import exceptions as rexc
 
 from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
 from ..errors import LockError
+from . import _redis_admin, _redis_handoff
 from ._redis_errors import CONNECTING, redis_error
+from ._redis_handoff import LOCAL_HANDOFF_S, LOCAL_HANDOFFS, Streak
 from ._redis_options import resolve
 from ._redis_pubsub import Signals
-from ._redis_scripts import (
-    ACQUIRE,
-    ACQUIRE_SHARED,
-    INSPECT,
-    INSPECT_SHARED,
-    RELEASE,
-    RELEASE_SHARED,
-    RENEW,
-    SCRIPTS,
-    Script,
-)
+from ._redis_scripts import ACQUIRE_SHARED, RELEASE_SHARED, RENEW, SCRIPTS, Script
 from ._resp import RespClient, ResponseError
 
-__all__ = ["RedisBackend", "redis_key_part"]
+__all__ = ["LOCAL_HANDOFFS", "LOCAL_HANDOFF_S", "RedisBackend", "redis_key_part"]
 
 #: How long an abandoned claim stays barred from a late grant (ms), at least.
 TOMBSTONE_MS = 60_000
 #: How long a release through a redis-py client stays recognisable to its own resend (ms).
 RELEASED_MARK_MS = 60_000
-#: Bounded local hand-offs (issue 10): while a process of its own waits on the server, a
-#: release hands the lock to a task of this process (a local hand-off, the fastest kind)
-#: at most LOCAL_HANDOFFS times in a row, and not after LOCAL_HANDOFF_S seconds from the
-#: first of them; the next release hands it to the first waiter on the server.
-LOCAL_HANDOFFS = 4
-LOCAL_HANDOFF_S = 0.010
 #: Requests in flight at once through a redis-py client (its pool holds at most 100 by
 #: default in redis-py 8, and Sentinel's own pool is not configurable from a URL).
 MAX_IN_FLIGHT = 64
@@ -86,7 +74,8 @@ class RedisBackend(Backend):
     schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss", "unix")
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
-         Capability.EXPIRY, Capability.DISTRIBUTED}
+         Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS, Capability.SCAN,
+         Capability.REVOKE, Capability.ELECTION}
     )
 
     #: Take a hand-off message (or a local hand-off's reply) as the grant, without a
@@ -120,7 +109,7 @@ class RedisBackend(Backend):
         )
         self._request_timeout = request_timeout
         self._gates: dict[tuple[str, str], _Gate] = {}  # see try_acquire
-        self._streaks: dict[str, _Streak] = {}  # lock key -> local hand-offs in a row
+        self._streaks: dict[str, Streak] = {}  # lock key -> local hand-offs in a row
         #: this process's pub/sub channel for the hand-offs of plain locks (see RELEASE)
         self.inbox = f"{prefix}:inbox:{uuid.uuid4().hex}"
         self.signals = signals if signals is not None else Signals(client, request_timeout)
@@ -174,7 +163,7 @@ class RedisBackend(Backend):
     def _keys(self, name: str, owner: str, kind: Kind = Kind.LOCK) -> list[str]:
         base = self._base(name, kind)
         keys = [base, base + ":seq", base + ":q", base + ":qt", base + ":x:" + owner]
-        if kind is not Kind.LOCK:
+        if kind not in _HANDOFF:
             keys += (base + ":h", base + ":ht")
         return keys
 
@@ -254,80 +243,19 @@ class RedisBackend(Backend):
                 del self._gates[key]
 
     async def _try_acquire(self, claim: Claim) -> Granted | Busy:
-        if claim.kind is Kind.LOCK:
-            return await self._try_lock(claim)
+        if claim.kind in _HANDOFF:
+            return await _redis_handoff.try_lock(self, claim)
         keys = self._keys(claim.name, claim.owner, claim.kind)
         fair = "1" if claim.fair else "0"
         reply = await self._run(
             ACQUIRE_SHARED, keys, claim.owner, claim.ttl_ms, fair, claim.ttl_ms,
-            _KIND[claim.kind], claim.limit,
+            _KIND[claim.kind], claim.limit, claim.info,
         )
         if reply[0] == 1:
             return Granted(int(reply[1]), int(reply[2]))
         if reply[0] == -1:
             raise LockError(f"claim on {claim.name!r} was abandoned")
         return Busy(max(int(reply[1]), 1) / 1000)
-
-    # A plain lock's waiter is registered on the server (see ``ACQUIRE``): a release hands
-    # it the lock and one message says so (Signals.granted leaves the token in
-    # claim.state["grant"]). Its claim.state also keeps, from its last busy ACQUIRE:
-    #   "sent"  the monotonic time that request was sent: the lease it is handed later
-    #           started after that (the busy reply proves the grant came later), so the
-    #           lease is believed until sent + ttl, never longer
-    #   "seen"  the token that reply saw: a grant with a token not above it is stale
-    #   "mark"  Signals.mark() taken before that request, "due" its retry time, and
-    #   "fresh" (the same mark) while the next call may answer busy without asking:
-    #           registered and subscribed since, a grant cannot go unheard.
-    # A local hand-off (RELEASE naming a claim of ours) sets "sent" to the time that
-    # RELEASE was sent, and "handoff" to a future done when its reply is in.
-
-    async def _try_lock(self, claim: Claim) -> Granted | Busy:
-        state = claim.state
-        channel = self.inbox
-        handoff = state.get("handoff")
-        if isinstance(handoff, asyncio.Future):  # a release of ours may hand it to us
-            await asyncio.shield(handoff)
-        token = state.pop("grant", None)
-        if (self.trust_handoffs and isinstance(token, int)
-                and token > state.get("seen", 0)):  # type: ignore[operator]
-            sent = state["sent"]
-            assert isinstance(sent, float)
-            left = claim.ttl_ms - int((time.monotonic() - sent) * 1000)
-            if left > claim.ttl_ms // 2:  # else ask the server for the exact time left
-                self.signals.claims.pop(claim.owner, None)
-                return Granted(token, left)
-        fresh = state.pop("fresh", None)
-        if fresh is not None and self.signals.unbroken(channel, fresh):
-            due = state["due"]
-            assert isinstance(due, float)
-            if due - time.monotonic() > 0.001:
-                return Busy(due - time.monotonic())
-        keys = self._keys(claim.name, claim.owner)
-        waits = claim.waits and self.handoffs
-        if waits:  # before sending: a grant may come before the reply
-            self.signals.claims[claim.owner] = claim
-        mark = self.signals.mark(channel)
-        sent = time.monotonic()
-        try:
-            reply = await self._run(
-                ACQUIRE, keys, claim.owner, claim.ttl_ms, "1" if claim.fair else "0",
-                claim.ttl_ms if waits else 0, self.inbox,
-            )
-        except BaseException:
-            self.signals.claims.pop(claim.owner, None)
-            raise
-        if reply[0] != 0:
-            self.signals.claims.pop(claim.owner, None)
-            state.pop("grant", None)
-            if reply[0] == -1:
-                raise LockError(f"claim on {claim.name!r} was abandoned")
-            return Granted(int(reply[1]), int(reply[2]))
-        retry = max(int(reply[1]), 1) / 1000
-        if waits:
-            state.update(sent=sent, seen=int(reply[2]), mark=mark, due=time.monotonic() + retry)
-            if mark is not None:
-                state["fresh"] = mark
-        return Busy(retry)
 
     async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
         if not claims:
@@ -342,7 +270,7 @@ class RedisBackend(Backend):
         args: list[Any] = []
         for claim in claims:
             base = self._base(claim.name, claim.kind)
-            if claim.kind in (Kind.LOCK, Kind.WRITE):
+            if claim.kind.exclusive:
                 keys += (base, base)
                 args += ("h", claim.owner, claim.ttl_ms)
             else:
@@ -352,11 +280,12 @@ class RedisBackend(Backend):
 
     async def release(self, claim: Claim) -> bool:
         keys = self._keys(claim.name, claim.owner, claim.kind)
-        noted = claim.kind is not Kind.LOCK and self.signals.note_local_release(keys[0], claim.owner)
-        heir, local = (self._heir(claim, keys[0]) if claim.kind is Kind.LOCK and self.handoffs
+        handoffs = claim.kind in _HANDOFF
+        noted = not handoffs and self.signals.note_local_release(keys[0], claim.owner)
+        heir, local = (_redis_handoff.heir(self, claim, keys[0]) if handoffs and self.handoffs
                        else (None, []))
         handoff = None
-        if heir is not None:  # its acquire waits for this release (see _try_lock)
+        if heir is not None:  # its acquire waits for this release (see _redis_handoff)
             handoff = heir.state["handoff"] = asyncio.get_running_loop().create_future()
         released = False
         retried: list[bool] = []
@@ -376,26 +305,6 @@ class RedisBackend(Backend):
                 handoff.set_result(None)
         return released
 
-    def _heir(self, claim: Claim, channel: str) -> tuple[Claim | None, list[Claim]]:
-        """Before a plain lock's release: the waiting claim of this process to hand it to
-        (a local hand-off), if any and if the streak allows; and all local waiting claims."""
-        if claim.fair:
-            return None, []
-        local = [w.claim for w in self.signals.waiting(channel)
-                 if not w.claim.fair and w.claim is not claim]
-        streak = self._streaks.get(channel)
-        if local and (streak is None or (streak.count < LOCAL_HANDOFFS
-                                         and time.monotonic() - streak.since < LOCAL_HANDOFF_S)):
-            heir = local[0]
-            heir.state.pop("fresh", None)  # woken to take it: must not answer busy itself
-            return heir, local
-        self._streaks.pop(channel, None)
-        for each in local:  # woken, but the lock goes to the server's next waiter
-            mark = each.state.get("mark")
-            if "due" in each.state and self.signals.unbroken(self.inbox, mark):
-                each.state["fresh"] = mark  # registered: no need to ask again
-        return None, local
-
     async def abandon(self, claim: Claim) -> None:
         self.signals.claims.pop(claim.owner, None)
         await self._release(claim, self._keys(claim.name, claim.owner, claim.kind), abandon=True)
@@ -411,60 +320,53 @@ class RedisBackend(Backend):
         # own connection retries itself and tells us (on_retry): no marker needed.
         tomb = max(TOMBSTONE_MS, 2 * claim.ttl_ms) if abandon else (
             0 if self._resp is not None else RELEASED_MARK_MS)
-        if claim.kind is not Kind.LOCK:
+        if claim.kind not in _HANDOFF:
             return await self._run(
                 RELEASE_SHARED, keys, claim.owner, keys[0], flag, tomb, _KIND[claim.kind],
                 on_retry=on_retry,
             )
-        sent = time.monotonic()
-        reply = await self._run(
-            RELEASE, keys, claim.owner, keys[0], flag, tomb,
-            heir.owner if heir is not None else "", heir.ttl_ms if heir is not None else 0,
-            on_retry=on_retry,
-        )
-        released, owner, token, queued = reply
-        owner = _text(owner)
-        if heir is not None and owner == heir.owner:
-            # a local hand-off: the lease began after this request was sent
-            heir.state["sent"] = sent
-            # others wait on the server (beyond our own registered waiters): count it
-            if int(queued) > sum(1 for c in local if c is not heir and "due" in c.state):
-                streak = self._streaks.get(keys[0])
-                if streak is None:
-                    streak = self._streaks[keys[0]] = _Streak()
-                streak.count += 1
-            else:
-                self._streaks.pop(keys[0], None)
-        if owner:  # handed over: if to a claim of ours, tell it now (not at the echo)
-            self.signals.granted(keys[0], owner, int(token), heir)
-        return int(released)
+        return await _redis_handoff.release_lock(self, claim, keys, flag, tomb, heir, local,
+                                                 on_retry)
 
     async def listen(self, name: str, kind: Kind, waiter: Waiter) -> None:
-        via = self.inbox if kind is Kind.LOCK and self.handoffs else None  # see RELEASE
-        await self.signals.listen(self._base(name, kind), waiter, via)
+        channel = self._base(name, kind)
+        if kind in _HANDOFF and self.handoffs:  # hand-offs come to the inbox (see RELEASE)
+            await self.signals.listen(channel, waiter, self.inbox)
+            if kind is not Kind.LEADER:
+                return
+        await self.signals.listen(channel, waiter)  # an election's changes: its channel
 
     def unlisten(self, name: str, kind: Kind, waiter: Waiter) -> None:
         self.signals.unlisten(self._base(name, kind), waiter)
 
+    # -- holders, listing, revocation (see _redis_admin) ----------------------------------
+
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
-        keys = self._keys(name, "-", kind)
-        if kind is Kind.LOCK:
-            owner, token, pttl, last, queued = await self._run(INSPECT, keys)
-            shared, shared_left = 0, -1
-        else:
-            owner, token, pttl, last, queued, shared, shared_left = await self._run(
-                INSPECT_SHARED, keys
-            )
-        writer = bool(owner)
-        holders = int(writer) + int(shared)
-        lefts = [int(pttl)] if writer and int(pttl) >= 0 else []
-        if int(shared_left) >= 0:
-            lefts.append(int(shared_left))
-        return LockInfo(
-            name, holders > 0, holders=holders, token=int(token) if writer else None,
-            last_token=int(last) if int(last) >= 0 else None,
-            ttl_left=max(lefts) / 1000 if lefts else None, waiters=int(queued),
-        )
+        return await _redis_admin.inspect(self, name, kind)
+
+    async def set_info(self, claim: Claim) -> bool:
+        return await _redis_admin.set_info(self, claim)
+
+    async def force_release(self, name: str, kind: Kind = Kind.LOCK) -> bool:
+        return await _redis_admin.force_release(self, name, kind)
+
+    async def scan(self, prefix: str = "") -> AsyncIterator[LockInfo]:
+        async for info in _redis_admin.scan(self, prefix):
+            yield info
+
+    async def _scan_keys(self, match: str) -> AsyncIterator[Any]:
+        """Every key matching ``match`` (``SCAN``: never blocks the server)."""
+        cursor: Any = 0
+        while True:
+            try:
+                cursor, keys = await self._call("SCAN", cursor, "MATCH", match, "COUNT",
+                                                _redis_admin.SCAN_COUNT)
+            except _ERRORS as exc:
+                raise redis_error(exc, self._url, "scan") from exc
+            for key in keys:
+                yield key
+            if int(cursor) == 0:
+                return
 
     async def aclose(self) -> None:
         await self.signals.aclose()
@@ -479,20 +381,8 @@ _ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError, TimeoutError, OSError, ResponseError, rexc.RedisError,
 )
 _KIND = {Kind.READ: "r", Kind.WRITE: "w", Kind.PERMIT: "p"}
-
-
-class _Streak:
-    """Local hand-offs of one lock in a row while another process waits."""
-
-    __slots__ = ("count", "since")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.since = time.monotonic()
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+#: Kinds kept in a plain lock's keys and scripts (ACQUIRE/RELEASE, hand-offs to waiters).
+_HANDOFF = frozenset({Kind.LOCK, Kind.LEADER})
 
 
 class _Gate:

@@ -54,7 +54,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 
 from redis import exceptions as rexc
@@ -65,19 +65,21 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.crc import key_slot
 
-from .._validate import check_timeouts, credentials, format_hosts, parse_hosts
+from .._validate import credentials, format_hosts, parse_hosts
 from ..abc import Capability, Claim, Kind
 from ..errors import BackendUnavailable, LockError
+from ._redis_admin import SCAN_COUNT
 from ._redis_errors import CONNECTING, redis_error
 from ._redis_options import check_names, connection_options, query_options
 from ._redis_pubsub import Signals
 from ._redis_scripts import RENEW
+from ._redis_urls import split_hosts_url
 from ._resp import RespClient, ResponseError, _pack
 from .redis import RedisBackend
 
 __all__ = ["RedisClusterBackend"]
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.backends.redis_cluster")
 
 #: Errors of ``redis.asyncio.RedisCluster`` that mean "cannot be served now".
 _UNAVAILABLE: tuple[type[BaseException], ...] = (
@@ -182,14 +184,11 @@ class RedisClusterBackend(RedisBackend):
         (port 6379 if left out); any reachable one is enough to discover the cluster.
         Extra keyword arguments go to ``redis.asyncio.RedisCluster`` (e.g. ``ssl=True``
         for TLS; ``ssl*`` options are used for the pub/sub connection too)."""
-        connect_timeout = 5.0 if connect_timeout is None else connect_timeout
-        request_timeout = 5.0 if request_timeout is None else request_timeout
-        prefix = "aiolock" if prefix is None else prefix
-        check_timeouts(connect_timeout=connect_timeout, request_timeout=request_timeout)
-        scheme, sep, rest = url.partition("://")
-        if scheme.lower() != "redis+cluster" or not sep:
-            raise ValueError(f"expected redis+cluster://host:port,host:port, got {url!r}")
-        netloc, _, tail = rest.partition("/")
+        parsed = split_hosts_url(url, "redis+cluster", "redis+cluster://host:port,host:port",
+                                 connect_timeout=connect_timeout,
+                                 request_timeout=request_timeout, prefix=prefix)
+        connect_timeout, request_timeout = parsed.connect_timeout, parsed.request_timeout
+        netloc, _, tail = parsed.rest.partition("/")
         netloc, _, query = netloc.partition("?")
         path, _, query2 = tail.partition("?")
         if path.strip("/") not in ("", "0"):
@@ -224,7 +223,7 @@ class RedisClusterBackend(RedisBackend):
         # every connection-level option (TLS, client name, credentials...) applies to the
         # pub/sub connection as well
         node_options.update({k: v for k, v in given.items() if k in node_level})
-        backend = cls(cluster, prefix=prefix, request_timeout=request_timeout,
+        backend = cls(cluster, prefix=parsed.prefix, request_timeout=request_timeout,
                       connect_timeout=connect_timeout, url=safe, owns_client=True,
                       node_options=node_options)
         # our direct renewal connections honour only these (see _direct_client)
@@ -291,6 +290,14 @@ class RedisClusterBackend(RedisBackend):
             for i, ms in zip(group, reply, strict=True):
                 out[i] = int(ms) or None
         return out
+
+    async def _scan_keys(self, match: str) -> AsyncIterator[Any]:
+        """Every key matching ``match`` on every master (``SCAN`` on each)."""
+        try:
+            async for key in self._cluster.scan_iter(match=match, count=SCAN_COUNT):
+                yield key
+        except _CONNECT_ERRORS as exc:
+            raise redis_error(exc, self._url, "scan") from exc
 
     def renewal_group(self, claim: Claim) -> object:
         """The master that serves the claim's slot (as redis-py's slot map has it): the

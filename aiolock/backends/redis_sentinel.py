@@ -75,18 +75,19 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
-from .._validate import check_timeouts, credentials, format_hosts, parse_hosts
+from .._validate import credentials, format_hosts, parse_hosts
 from ..abc import Busy, Capability, Claim, Granted
 from ..errors import BackendUnavailable
 from ._redis_errors import redis_error
 from ._redis_options import check_names, connection_options, query_options
 from ._redis_pubsub import Signals
 from ._redis_scripts import ACQUIRE, ACQUIRE_SHARED, RENEW, Script
+from ._redis_urls import split_hosts_url
 from .redis import RedisBackend
 
 __all__ = ["RedisSentinelBackend"]
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.backends.redis_sentinel")
 
 #: At most this often (s) an acquisition asks the sentinels in the background whether
 #: the master moved (renewals ask every time).
@@ -96,6 +97,25 @@ _DOWN: tuple[type[BaseException], ...] = (
     ConnectionError, TimeoutError, OSError, rexc.ConnectionError, rexc.TimeoutError,
 )
 _ERRORS: tuple[type[BaseException], ...] = (*_DOWN, rexc.RedisError)
+
+
+def _options(
+    query: str, keywords: dict[str, Any], safe: str
+) -> tuple[dict[str, str], dict[str, Any], dict[str, Any]]:
+    """The URL's query and the keywords: our own query options (``_QUERY``), the master
+    connections' options (typed as redis-py types them; keywords win) and the extra
+    ``sentinel_kwargs``; an unknown option raises ValueError naming it."""
+    params = {k: v for k, v in parse_qsl(query, keep_blank_values=True) if k in _QUERY}
+    given = {**query_options("&".join(p for p in query.split("&")
+                                      if p.partition("=")[0] not in _QUERY), safe),
+             **keywords}
+    extra_sentinel_kwargs = dict(given.pop("sentinel_kwargs", None) or {})
+    check_names({**params, **given}, {"connect_timeout", "request_timeout", "prefix",
+                                      "wait_replicas", "max_connections", *_QUERY,
+                                      *connection_options()},
+                safe)
+    check_names(extra_sentinel_kwargs, connection_options(), f"sentinel_kwargs of {safe}")
+    return params, given, extra_sentinel_kwargs
 
 
 class _SentinelSignals(Signals):
@@ -152,14 +172,12 @@ class RedisSentinelBackend(RedisBackend):
         wait_replicas: int = 0, **master_options: Any,
     ) -> RedisSentinelBackend:
         """See the module doc for the URL and options."""
-        connect_timeout = 5.0 if connect_timeout is None else connect_timeout
-        request_timeout = 5.0 if request_timeout is None else request_timeout
-        prefix = "aiolock" if prefix is None else prefix
-        check_timeouts(connect_timeout=connect_timeout, request_timeout=request_timeout)
-        scheme, sep, rest = url.partition("://")
-        if scheme.lower() != "redis+sentinel" or not sep:
-            raise ValueError(f"expected redis+sentinel://host:port,host:port/service_name, got {url!r}")
-        rest, _, query = rest.partition("?")
+        parsed = split_hosts_url(url, "redis+sentinel",
+                                 "redis+sentinel://host:port,host:port/service_name",
+                                 connect_timeout=connect_timeout,
+                                 request_timeout=request_timeout, prefix=prefix)
+        connect_timeout, request_timeout = parsed.connect_timeout, parsed.request_timeout
+        rest, _, query = parsed.rest.partition("?")
         netloc, _, service = rest.partition("/")
         service = unquote(service.strip("/"))
         if not service or "/" in service:
@@ -168,19 +186,7 @@ class RedisSentinelBackend(RedisBackend):
         userinfo, _, hosts = netloc.rpartition("@")
         sentinels = parse_hosts(url, hosts, 26379, "redis+sentinel://host:port,host:port/service_name")
         safe = "redis+sentinel://" + ",".join(format_hosts(sentinels)) + f"/{service}"
-        # the query: ours (_QUERY) and any option of the master's connections (typed as
-        # redis-py types them); keywords: the same, keywords win
-        params = {k: v for k, v in parse_qsl(query, keep_blank_values=True) if k in _QUERY}
-        given = {**query_options("&".join(p for p in query.split("&")
-                                          if p.partition("=")[0] not in _QUERY), safe),
-                 **master_options}
-        extra_sentinel_kwargs = dict(given.pop("sentinel_kwargs", None) or {})
-        check_names({**params, **given}, {"connect_timeout", "request_timeout", "prefix",
-                                          "wait_replicas", "max_connections", *_QUERY,
-                                          *connection_options()},
-                    safe)
-        check_names(extra_sentinel_kwargs, connection_options(), f"sentinel_kwargs of {safe}")
-        master_options = given
+        params, master_options, extra_sentinel_kwargs = _options(query, master_options, safe)
         auth = credentials(userinfo)
         if params.get("password"):
             if auth.get("password"):
@@ -206,7 +212,7 @@ class RedisSentinelBackend(RedisBackend):
         options.update(master_options)
         sentinel_kwargs.update(extra_sentinel_kwargs)
         sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
-        return cls(sentinel, service, prefix=prefix, request_timeout=request_timeout,
+        return cls(sentinel, service, prefix=parsed.prefix, request_timeout=request_timeout,
                    connect_timeout=connect_timeout, wait_replicas=wait_replicas, url=safe,
                    owns_sentinel=True, **options)
 
