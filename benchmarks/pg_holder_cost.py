@@ -12,7 +12,6 @@ both trees start from the same table state. Prints each pass and the median and 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
@@ -81,13 +80,10 @@ def start_server(backend: str) -> tuple[Any, dict[str, str]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--baseline", required=True, help="the other tree (a checkout of main)")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--backend", choices=["postgres", "mysql"], default="postgres")
-    args = parser.parse_args()
     sys.path.insert(0, str(HERE))
+    from benchmarks._common import tree_comparison_args
+
+    args = tree_comparison_args(__doc__ or "", ["postgres", "mysql"])
     server, urls = start_server(args.backend)
     try:
         trees = {"baseline": (args.baseline, urls["baseline"]), "this": (str(HERE), urls["this"])}

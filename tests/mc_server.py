@@ -16,11 +16,7 @@ class MemcachedServer(ServerProcess):
     """``memcached -l 127.0.0.1 -p <free port>``: start, kill, restart, pause."""
 
     def __init__(self, *, port: int | None = None, memory_mb: int = 64) -> None:
-        exe = shutil.which("memcached")
-        if exe is None:
-            raise RuntimeError("memcached is not installed (apt-get install memcached)")
         super().__init__(port=port, prefix="aiolock-memcached-")
-        self.exe = exe
         self.memory_mb = memory_mb
 
     @property
@@ -28,7 +24,10 @@ class MemcachedServer(ServerProcess):
         return f"memcached://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        args = [self.exe, "-l", "127.0.0.1", "-p", str(self.port), "-U", "0",
+        exe = shutil.which("memcached")
+        if exe is None:
+            raise RuntimeError("memcached is not installed (apt-get install memcached)")
+        args = [exe, "-l", "127.0.0.1", "-p", str(self.port), "-U", "0",
                 "-m", str(self.memory_mb), "-c", "1024"]
         if os.geteuid() == 0:
             args += ["-u", "root"]  # memcached refuses to run as root without it

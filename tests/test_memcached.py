@@ -9,6 +9,7 @@ is held, and cancellation storms across connections.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import random
@@ -22,8 +23,9 @@ from pathlib import Path
 import pytest
 
 import aiolock
-from aiolock.abc import Busy, Claim, Granted, Kind
-from aiolock.backends._mc_proto import McClient
+from aiolock._holder import encode_holder
+from aiolock.abc import REVOKED, Busy, Claim, Granted, Kind
+from aiolock.backends._mc_proto import McClient, Value
 from aiolock.backends.memcached import MemcachedBackend, exptime, granted_ms
 
 from .conftest import acquire_cancelled_after
@@ -33,37 +35,14 @@ from .servers import free_port
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parent.parent
-
-#: A lock holder in another OS process: prints ACQUIRED <token>, then holds until killed.
-HOLDER = """
-import asyncio, sys
-import aiolock
-from aiolock.backends.memcached import MemcachedBackend
-
-async def main():
-    url, name, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    async with aiolock.connect(MemcachedBackend.from_url(url)) as locks:
-        async with locks.lock(name, ttl=ttl) as lease:
-            print("ACQUIRED", lease.token, flush=True)
-            await asyncio.sleep(3600)
-
-asyncio.run(main())
-"""
-
-
-@pytest.fixture(scope="module")
-def shared_server() -> Iterator[MemcachedServer]:
-    server = MemcachedServer().start()
-    yield server
-    server.close()
+HOLDER = ROOT / "tests" / "procs" / "holder.py"  # prints ACQUIRED <token>, then holds
 
 
 @pytest.fixture
 def server() -> Iterator[MemcachedServer]:
     """A server of the test's own, for tests that kill, restart or pause it."""
-    server = MemcachedServer().start()
-    yield server
-    server.close()
+    with contextlib.closing(MemcachedServer().start()) as own:
+        yield own
 
 
 def connect(server: MemcachedServer, **options: object) -> aiolock.Locks:
@@ -71,14 +50,9 @@ def connect(server: MemcachedServer, **options: object) -> aiolock.Locks:
 
 
 @pytest.fixture
-async def locks(shared_server: MemcachedServer) -> AsyncIterator[aiolock.Locks]:
-    async with connect(shared_server) as conn:
+async def locks(memcached_server: MemcachedServer) -> AsyncIterator[aiolock.Locks]:
+    async with connect(memcached_server) as conn:
         yield conn
-
-
-@pytest.fixture
-def name() -> str:
-    return f"t-{uuid.uuid4().hex}"
 
 
 def mc(locks: aiolock.Locks) -> MemcachedBackend:
@@ -133,8 +107,8 @@ def test_keys_are_valid_and_distinct() -> None:
 # -- the client -------------------------------------------------------------------------------
 
 
-async def test_client_stays_in_step_when_callers_are_cancelled(shared_server: MemcachedServer) -> None:
-    client = McClient("127.0.0.1", shared_server.port)
+async def test_client_stays_in_step_when_callers_are_cancelled(memcached_server: MemcachedServer) -> None:
+    client = McClient("127.0.0.1", memcached_server.port)
     try:
         keys = [f"cl-{uuid.uuid4().hex}".encode() for _ in range(300)]
         await client.request(*(b"ms %s 4 T60\r\n%04d\r\n" % (k, i) for i, k in enumerate(keys)))
@@ -277,6 +251,75 @@ async def test_any_name(locks: aiolock.Locks) -> None:
         await lease.release()
 
 
+# -- holders, revocation, elections ----------------------------------------------------------
+
+
+def test_held_values_round_trip_and_older_ones_still_read() -> None:
+    value = Value("owner", 7, 1_700_000_000_000, '{"h":"x","d":"with spaces"}')
+    assert Value.decode(value.encode()) == value
+    assert Value.decode(Value("owner", None, 5).encode()) == Value("owner", None, 5, "")
+    assert Value.decode(b"owner 12") == Value("owner", 12)  # written by an older aiolock
+    assert Value.decode(b"~owner") == Value("~owner")  # a tombstone
+
+
+async def test_a_holder_of_an_older_aiolock_is_listed_and_revocable(
+    locks: aiolock.Locks, name: str
+) -> None:
+    key = mc(locks)._key("L", name)
+    await mc(locks)._request(b"ms %s 8 T30\r\nolder 41\r\n" % key)
+    info = await locks.status(name)
+    assert info.held and info.token == 41
+    assert info.held_by == (aiolock.Holder("", 0, None, "", None),)  # an unknown holder
+    assert await locks.lock(name).force_release()
+    assert not (await locks.status(name)).held
+
+
+async def test_force_release_revokes_every_permit(locks: aiolock.Locks, name: str) -> None:
+    backend = mc(locks)
+    permits = [claim(name, kind=Kind.PERMIT, limit=3) for _ in range(2)]
+    tokens = []
+    for i, permit in enumerate(permits):
+        permit.info = encode_holder(f"p{i}", None)
+        granted = await backend.try_acquire(permit)
+        assert isinstance(granted, Granted)
+        tokens.append(granted.token)
+    info = await locks.status(name, Kind.PERMIT)
+    assert sorted(h.data for h in info.held_by) == ["p0", "p1"] and info.family == "sem"
+    assert await locks.semaphore(name, 3).force_release()
+    assert await backend.renew(permits) == [REVOKED, REVOKED]  # each holder learns it
+    assert not await backend.set_info(permits[0])
+    assert not await locks.semaphore(name, 3).force_release()  # nothing held any more
+    again = await locks.semaphore(name, 3).acquire(timeout=0)
+    assert again.token > max(tokens)  # tokens keep increasing
+    await again.release()
+
+
+async def test_since_counts_from_the_grant_not_the_first_attempt(
+    locks: aiolock.Locks, name: str
+) -> None:
+    backend = mc(locks)
+    first, second = claim(name), claim(name)
+    assert isinstance(await backend.try_acquire(first), Granted)
+    assert isinstance(await backend.try_acquire(second), Busy)
+    await asyncio.sleep(1.0)
+    assert await backend.release(first)
+    assert isinstance(await backend.try_acquire(second), Granted)
+    (holder,) = (await locks.status(name)).held_by
+    assert holder.since is not None and holder.since < 0.5
+    await backend.release(second)
+
+
+async def test_an_election_and_a_lock_of_one_name_do_not_contend(
+    locks: aiolock.Locks, name: str
+) -> None:
+    async with locks.lock(name, ttl=5, data="lock"), locks.election(name, ttl=5).campaign("lead"):
+        info = await locks.status(name)
+        leader = await locks.election(name).leader()
+        assert info.held_by[0].data == "lock" and leader is not None and leader.data == "lead"
+        since = info.held_by[0].since
+        assert since is not None and 0 <= since < 5
+
+
 # -- leases over time -----------------------------------------------------------------------
 
 
@@ -308,10 +351,9 @@ async def test_killed_holder_process_frees_within_rounded_ttl_plus_two(
     server: MemcachedServer, name: str
 ) -> None:
     ttl = 1.0
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", HOLDER, server.url, name, str(ttl),
-        stdout=asyncio.subprocess.PIPE, env=env,
+        sys.executable, str(HOLDER), server.url, name, str(ttl), stdout=asyncio.subprocess.PIPE,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     try:
         assert proc.stdout is not None
@@ -369,9 +411,9 @@ async def test_server_down_lease_lost_by_last_confirmed_expiry(server: Memcached
 
 
 async def test_cancellation_storm_across_connections_leaves_nothing_held(
-    shared_server: MemcachedServer, name: str
+    memcached_server: MemcachedServer, name: str
 ) -> None:
-    conns = [connect(shared_server) for _ in range(3)]
+    conns = [connect(memcached_server) for _ in range(3)]
     for conn in conns:
         await conn.__aenter__()
     try:

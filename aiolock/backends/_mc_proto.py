@@ -1,4 +1,5 @@
-"""A lean, pipelined asyncio client for memcached's meta text protocol (``mg``/``ms``/``md``/``ma``).
+"""A lean, pipelined asyncio client for memcached's meta text protocol (``mg``/``ms``/``md``/``ma``),
+the value format of a held key (:class:`Value`) and memcached's expiry arithmetic.
 
 Why not ``aiomcache``: it has no meta commands (no compare-and-swap delete, no remaining
 TTL on a read, no auto-created counters), and it pools connections, where a request
@@ -15,15 +16,37 @@ command), and the request fails with :class:`McError`.
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
 
 from ._pipeline import PipelinedClient, PipelinedProtocol
 
-__all__ = ["McClient", "McError", "Reply"]
+__all__ = ["MAX_EXPTIME", "McClient", "McError", "Reply", "Value", "exptime", "granted_ms", "mg", "ms",
+           "to_int"]
 
 #: Reply codes of the meta commands (see memcached's protocol.txt).
 _ONE_LINE = {b"HD", b"NS", b"EX", b"NF", b"EN", b"MN"}
 _ERRORS = (b"ERROR", b"CLIENT_ERROR", b"SERVER_ERROR")
+#: Expiries above this many seconds would be read as Unix timestamps.
+MAX_EXPTIME = 30 * 24 * 3600
+#: Milliseconds by which the server's clock tick may run late (see ``exptime``).
+CLOCK_MARGIN_MS = 100
+
+
+def exptime(ttl_ms: int) -> int:
+    """memcached expiry (whole seconds) that is sure to keep a lease ``ttl_ms`` long.
+
+    The server's clock ticks about once a second, so an expiry of ``E`` normally lasts
+    ``(E-1, E]`` s; but the tick drifts against the seconds it counts (its timer is
+    re-armed a second after each tick), so now and then it advances by two and an item
+    lives only a little over ``E-2`` s: hence ``ceil(ttl) + 2``, capped at 30 days."""
+    return min(math.ceil(ttl_ms / 1000) + 2, MAX_EXPTIME)
+
+
+def granted_ms(ttl_ms: int) -> int:
+    """What we may report as granted for an expiry written for ``ttl_ms``: the least
+    time the server keeps it (``E - 2`` seconds, less the margin), at most ``ttl_ms``."""
+    return min(ttl_ms, (exptime(ttl_ms) - 2) * 1000 - CLOCK_MARGIN_MS)
 
 
 class McError(Exception):
@@ -47,6 +70,51 @@ class Reply:
             return int(raw)
         except ValueError:
             return None
+
+
+@dataclass(slots=True, frozen=True)
+class Value:
+    """What a lock (or permit slot) key holds: ``<owner> <token> <since> <info>``.
+
+    ``token`` is ``-`` until the claim drew one; ``since`` is the grant time, ms of the
+    granting client's wall clock (memcached shows no clock of its own); ``info`` the
+    holder record, last as it may contain spaces. A tombstone holds ``~<owner>`` only.
+    """
+
+    owner: str
+    token: int | None = None
+    since: int | None = None
+    info: str = ""
+
+    def encode(self) -> bytes:
+        token = "-" if self.token is None else str(self.token)
+        since = "-" if self.since is None else str(self.since)
+        return f"{self.owner} {token} {since} {self.info}".encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Value:
+        owner, token, since, info = [*raw.decode(errors="replace").split(" ", 3), "", "", ""][:4]
+        return cls(owner, to_int(token.encode()), to_int(since.encode()), info)
+
+
+def mg(key: bytes, flags: bytes) -> bytes:
+    """A meta get of ``key`` returning ``flags`` (``v`` value, ``c`` cas, ``t`` ttl)."""
+    return b"mg %s %s\r\n" % (key, flags)
+
+
+def ms(key: bytes, value: bytes, flags: bytes) -> bytes:
+    """A meta set of ``key`` to ``value`` with ``flags`` (``T`` ttl, ``C`` cas, ``ME`` add...)."""
+    return b"ms %s %d %s\r\n%s\r\n" % (key, len(value), flags, value)
+
+
+def to_int(raw: bytes | None) -> int | None:
+    """An integer reply or value, None if absent or not a number."""
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
 
 
 class _Protocol(PipelinedProtocol):

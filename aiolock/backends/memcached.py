@@ -1,128 +1,86 @@
 """``memcached://host:port``: best-effort locks on one memcached server (>= 1.6).
 
-**Best effort.** memcached is a cache: it has no persistence and no replication, and it
-may evict any key under memory pressure. A restart, a ``flush_all`` or an eviction
-loses the locks it held: every holder then finds its lease gone at its next renewal
-(the watchdog reports it lost, and ``async with`` cancels the body), but in the meantime
-another process may already have taken the lock. Size the server so that it never
-evicts (``-M`` makes it refuse writes instead), and use fencing tokens where a second
-holder must not be able to do harm: a holder that lost its lease without knowing yet
-(the server restarted or evicted the key between two renewals) carries a lower token
-than whoever took the lock after it, as long as the token counter survived or was
-re-created higher (see *fencing tokens* below), so a resource that checks tokens
-(:class:`aiolock.RedisFencedResource` or your own) rejects the stale writer.
+What it guarantees and what not (a cache: no persistence, evictions, whole-second
+expiries) is in ``docs/backends/memcached.md``; this is how it works, with memcached's
+meta commands on one lean pipelined connection (:mod:`aiolock.backends._mc_proto`):
 
-How it works, with memcached's meta commands (one lean pipelined connection, see
-:mod:`aiolock.backends._mc_proto`):
-
-* **acquire** -- ``ms <key> ... ME`` (mode *add*: only if absent) with an expiry, the
-  value being the claim's owner id; in the same round trip ``ma`` increments the
-  name's token counter (written after the add on one connection, so it is processed
-  after it: the token is drawn only once the lock is ours, and any later holder draws a
-  higher one). A second request stores ``<owner> <token>`` with a ``cas`` check, so
-  ``status`` can show the token.
-* **renew** -- ``ms <key> ... C<cas>``: compare-and-swap the same value with a new expiry
-  (all due claims in one pipelined round trip). The cas unique of our last write is kept
-  in ``claim.state``; if it changed, the value is read again (``mg``) and the renewal
-  happens only if the owner id is still ours.
-* **release** -- ``md <key> C<cas>``: a compare-and-swap delete, one command, so a
-  release never deletes a lock someone else took after ours expired.
+* **acquire** -- ``ms <key> ... ME`` (*add*: only if absent) with an expiry, the value
+  being the claim's owner id, grant time and holder record (``_mc_proto.Value``); in the
+  same round trip ``ma`` increments the name's token counter (after the add on one
+  connection: the token is drawn once the key is ours); a second request writes the
+  token into the value (``cas``-checked).
+* **renew** (and ``set_info``, which writes a new record) -- ``ms <key> ... C<cas>`` with
+  a new expiry, all due claims in one round trip; if the cas changed, the value is read
+  again and the renewal made only if the owner id is still ours.
+* **release** -- ``md <key> C<cas>``: never deletes a lock someone took after ours expired.
 * **abandon** (a cancelled or failed acquire) -- commands on one connection are
-  processed in order, so when the connection that carried the acquire is still up, an
-  acquire in flight has been processed before the abandon's read: if the key holds our
-  owner id it is deleted (cas). If that connection was lost, the acquire might still be
-  processed late, so a free key is first taken by a *tombstone* (``~<owner>``, a few
-  seconds' expiry) that any acquirer may replace (cas) but that makes a late ``add``
-  fail. Not covered: an add still in flight on a lost connection that arrives just after
-  another holder released; that orphan then expires with its ttl.
-* **fencing tokens** -- ``ma <counter> N0 J<seed>``: one counter per name, created on
-  first use without expiry. memcached may still lose it (restart, eviction), so the
-  counter is created with a seed taken from the *client's* wall clock (microseconds since
-  the epoch) rather than 0: tokens then keep increasing across a reset as long as fewer
-  than one acquisition per microsecond happened since the counter was last created and
-  the creating clients' clocks agree to within the time since then. That is best effort,
-  not a guarantee. Tokens skip numbers (every attempt draws one).
-
-**Clock: whole seconds.** memcached expiries are whole seconds of a server clock that
-ticks about once a second. An expiry of ``E`` seconds normally lasts ``(E-1, E]``; but the
-tick drifts against the second boundaries it counts (its timer is re-armed one second
-after each tick), so now and then one tick advances the clock by two and an item lives
-only ``E-2`` seconds and a little. A lease of ``ttl`` seconds is therefore written with
-``E = ceil(ttl) + 2`` and reported as granted for ``min(ttl, E - 2 - 0.1)`` seconds, the
-time the server is sure to keep it: a holder never believes in its lease longer than
-the server keeps it, but a crashed holder's lock comes free only ``ceil(ttl) + 1`` to
-``ceil(ttl) + 2`` seconds after its last renewal (rarely as early as ``ceil(ttl)``),
-never within a second, however short the ttl. Expiries are capped at 30 days (memcached
-reads larger numbers as dates).
-
-**Capabilities.** Mutex and semaphore (``limit`` slot keys, each taken with *add*; an
-attempt reads all ``limit`` slots in one round trip, so keep ``limit`` modest), expiry,
-distributed. Not offered:
-
-* ``fair=True`` -- a first-come-first-served queue needs an ordered list with per-entry
-  expiry read and changed atomically; memcached only has single-key cas, and waiters
-  cannot be woken, so a queue would be slow polling on a value every waiter rewrites.
-* ``rwlock()`` -- likewise: shared readers with individual expiries plus a waiting
-  writer that blocks new readers need multi-key atomic state.
-* release events -- memcached has no pub/sub: waiters poll (``Busy.retry_after`` is
-  ``poll_interval``, 50 ms by default). Waiters in one process still queue locally and a
-  local release wakes the next one at once.
+  processed in order: if the connection that carried the acquire is still up, a read
+  now sees its effect and our key is deleted (cas). If it was lost, the add might still
+  arrive, so a free key is first taken by a *tombstone* (``~<owner>``, a few seconds)
+  that any acquirer may replace but that makes a late add fail. (An add arriving late
+  just after another holder released is an orphan that expires with its ttl.)
+* **force_release** -- marks each holder's owner id revoked (role ``R``), then deletes
+  its key (cas); a renewal that finds its key gone looks for the mark (``REVOKED``).
+* **tokens** -- ``ma <counter> N0 J<seed>``: per name, no expiry, created with a seed
+  from the client's wall clock (µs) so a counter memcached lost comes back higher.
+* **expiries** -- ``E = ceil(ttl) + 2`` whole seconds, reported as granted for
+  ``min(ttl, E - 2 - 0.1)`` s (the server's clock ticks about once a second, and now
+  and then by two).
+* **no events, no listing** -- waiters poll every ``poll_interval``; an election's
+  observers read the leader every ``ttl / 2``; no ``scan``.
 
 **Keys.** ``<prefix>:<role>:=<name>`` when the name is printable ASCII without spaces and
 the key fits memcached's 250 bytes, else ``<prefix>:<role>:#<sha256 of the name>``.
-Roles: ``L`` lock, ``T`` its token counter, ``S<i>`` semaphore slot ``i``, ``ST`` the
-semaphore's token counter, ``SN`` the largest ``limit`` used (for ``status``).
+Roles: ``L`` lock, ``T`` its token counter, ``E`` election, ``ET`` its counter, ``S<i>``
+semaphore slot ``i``, ``ST`` the semaphore's counter, ``SN`` the largest ``limit`` used
+(for ``status``), ``R`` a revoked owner id.
 
-**Errors.** Connection failures and timeouts raise :class:`aiolock.BackendUnavailable`
-(every call is bounded by ``connect_timeout`` and ``request_timeout``); an error reply
-from the server raises :class:`aiolock.LockError`.
+**Errors.** Every request goes through ``_request``, the one map: connection failures
+and timeouts raise :class:`aiolock.BackendUnavailable` (every call is bounded by
+``connect_timeout`` and ``request_timeout``), an error reply :class:`aiolock.LockError`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import math
 import random
 import time
 from collections.abc import Sequence
 from typing import ClassVar
 from urllib.parse import urlsplit
 
-from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo
+from .._holder import decode_holder
+from ..abc import REVOKED, Backend, Busy, Capability, Claim, Granted, Kind, LockInfo
 from ..errors import BackendUnavailable, LockError
-from ._mc_proto import McClient, McError, Reply
+from ._mc_proto import MAX_EXPTIME, McClient, McError, Reply, Value, exptime, granted_ms, mg, ms, to_int
 
-__all__ = ["MemcachedBackend"]
+__all__ = ["MemcachedBackend", "exptime", "granted_ms"]
 
 #: memcached's longest key, in bytes.
 MAX_KEY = 250
-#: Expiries above this many seconds would be read as Unix timestamps.
-MAX_EXPTIME = 30 * 24 * 3600
 #: Seconds a tombstone (an abandoned claim's bar against a late add) stays.
 TOMBSTONE_SECONDS = 3
+#: Seconds a revoked owner id stays marked, at least (and twice its lease's time left).
+REVOKED_SECONDS = 60
 #: How often to retry a compare-and-swap that lost a race against ourselves.
 CAS_RETRIES = 5
-
-
-#: Milliseconds by which the server's clock tick may run late (see the module doc).
-CLOCK_MARGIN_MS = 100
-
-
-def exptime(ttl_ms: int) -> int:
-    """memcached expiry (whole seconds) that is sure to keep a lease ``ttl_ms`` long."""
-    return min(math.ceil(ttl_ms / 1000) + 2, MAX_EXPTIME)
-
-
-def granted_ms(ttl_ms: int) -> int:
-    """What we may report as granted for an expiry written for ``ttl_ms``: the least
-    time the server keeps it (``E - 2`` seconds, less the margin), at most ``ttl_ms``."""
-    return min(ttl_ms, (exptime(ttl_ms) - 2) * 1000 - CLOCK_MARGIN_MS)
+#: The key role and counter role of each kind (a permit's key is its slot's, ``S<i>``).
+_ROLES = {Kind.LOCK: ("L", "T"), Kind.LEADER: ("E", "ET"), Kind.PERMIT: ("S", "ST")}
 
 
 def _seed() -> int:
     """The first value of a newly created token counter (see the module doc)."""
     return time.time_ns() // 1000
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _check_kind(kind: Kind) -> None:
+    if kind not in _ROLES:
+        raise LockError("memcached:// does not offer read-write locks (see aiolock.backends.memcached)")
 
 
 class MemcachedBackend(Backend):
@@ -133,7 +91,8 @@ class MemcachedBackend(Backend):
 
     schemes: ClassVar[tuple[str, ...]] = ("memcached",)
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.SEMAPHORE, Capability.EXPIRY, Capability.DISTRIBUTED}
+        {Capability.SEMAPHORE, Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS,
+         Capability.REVOKE, Capability.ELECTION}
     )
     #: One pipelined connection: a release is processed before any later acquire.
     ordered = True
@@ -200,18 +159,33 @@ class MemcachedBackend(Backend):
             slot = claim.state.get("slot")
             assert isinstance(slot, int)
             return self._key(f"S{slot}", claim.name)
-        return self._key("L", claim.name)
+        return self._key(_ROLES[claim.kind][0], claim.name)
 
     def _counter_key(self, name: str, kind: Kind) -> bytes:
-        return self._key("ST" if kind is Kind.PERMIT else "T", name)
+        return self._key(_ROLES[kind][1], name)
+
+    def _revoked_key(self, owner: str) -> bytes:
+        return self._key("R", owner)
+
+    async def _holder_keys(self, name: str, kind: Kind) -> list[bytes]:
+        """The keys where holders of ``name`` in ``kind``'s family may be."""
+        _check_kind(kind)
+        if kind is not Kind.PERMIT:
+            return [self._key(_ROLES[kind][0], name)]
+        (limit,) = await self._request(mg(self._key("SN", name), b"v"))
+        return [self._key(f"S{i}", name) for i in range(to_int(limit.value) or 0)]
 
     # -- requests ---------------------------------------------------------------------------
 
     async def _request(
-        self, *commands: bytes, mark: dict[str, object] | None = None, retry: bool = True
+        self, *commands: bytes, mark: dict[str, object] | None = None, retry: bool = True,
+        within: float | None = None,
     ) -> list[Reply]:
+        """Every request to the server goes through here: the backend's one error map.
+        ``within`` bounds it all (connecting, a retry) in seconds."""
+        request = self._client.request(*commands, mark=mark, retry=retry)
         try:
-            return await self._client.request(*commands, mark=mark, retry=retry)
+            return await (request if within is None else asyncio.wait_for(request, within))
         except McError as exc:
             raise LockError(f"memcached at {self.url} refused a request: {exc}") from exc
         except (ConnectionError, TimeoutError, OSError) as exc:
@@ -220,43 +194,35 @@ class MemcachedBackend(Backend):
             ) from exc
 
     async def connect(self) -> None:
-        try:
-            async with asyncio.timeout(self._connect_timeout):
-                await self._request(b"mn\r\n")
-        except TimeoutError as exc:
-            raise BackendUnavailable(f"cannot reach memcached at {self.url} (timed out)") from exc
+        await self._request(b"mn\r\n", within=self._connect_timeout)
 
     # -- acquire ------------------------------------------------------------------------------
 
     async def try_acquire(self, claim: Claim) -> Granted | Busy:
-        if claim.kind is Kind.LOCK:
-            return await self._acquire_slot(claim, None)
         if claim.kind is Kind.PERMIT:
             return await self._acquire_permit(claim)
-        raise LockError(f"{self.url} does not offer read-write locks (see aiolock.backends.memcached)")
+        _check_kind(claim.kind)
+        return await self._acquire_slot(claim, None)
 
     async def _acquire_permit(self, claim: Claim) -> Granted | Busy:
         limit = claim.limit
         name = claim.name
         keys = [self._key(f"S{i}", name) for i in range(limit)]
         limit_key = self._key("SN", name)
-        replies = await self._request(
-            *(_mg(key, b"v c t") for key in keys),
-            _mg(limit_key, b"v"),
-        )
-        slots, limit_reply = replies[:-1], replies[-1]
-        known = _int(limit_reply.value)
+        *slots, limit_reply = await self._request(*(mg(key, b"v c t") for key in keys),
+                                                  mg(limit_key, b"v"))
+        known = to_int(limit_reply.value)
         if known is None or known < limit:
             # ``status`` reads this to know how many slots to look at; a race that writes
             # a smaller limit back only hides slots from ``status``, never from acquirers
-            await self._request(_ms(limit_key, str(limit).encode(), b"T0 MS"))
+            await self._request(ms(limit_key, str(limit).encode(), b"T0 MS"))
         free: list[int] = []
         tombs: list[tuple[int, int]] = []
         for i, reply in enumerate(slots):
             if reply.code == b"EN":
                 free.append(i)
             elif reply.value is not None:
-                owner, _token = _parse(reply.value)
+                owner = Value.decode(reply.value).owner
                 cas = reply.flag_int("c")
                 if owner == claim.owner:  # a repeated request for a permit we hold
                     claim.state["slot"] = i
@@ -284,11 +250,10 @@ class MemcachedBackend(Backend):
         key = self._lock_key(claim)
         exp = exptime(claim.ttl_ms)
         if seen is None:
-            owner = claim.owner.encode()
             add, counter, now = await self._request(
-                _ms(key, owner, b"T%d ME c" % exp),
+                ms(key, self._value(claim, None, taking=True), b"T%d ME c" % exp),
                 self._incr(claim),
-                _mg(key, b"v c t"),
+                mg(key, b"v c t"),
                 mark=claim.state,
             )
             if add.code == b"HD":
@@ -298,22 +263,22 @@ class MemcachedBackend(Backend):
             seen = now
         if seen.code == b"EN" or seen.value is None:
             return Busy(min(self._poll, 0.005))  # freed just now: try again at once
-        holder, token = _parse(seen.value)
+        held = Value.decode(seen.value)
         cas = seen.flag_int("c")
         if cas is None:
             return Busy(self._poll)
-        if holder == claim.owner:
+        if held.owner == claim.owner:
             # A repeated request (e.g. its reply was lost): ours already. Refresh it.
-            if token is None:
+            if held.token is None:
                 (counter,) = await self._request(self._incr(claim))
                 return await self._store_token(claim, key, Reply(b"HD", {"c": str(cas)}), counter)
-            (ok,) = await self._request(_ms(key, seen.value, b"C%d T%d c" % (cas, exp)))
+            (ok,) = await self._request(ms(key, seen.value, b"C%d T%d c" % (cas, exp)))
             if ok.code != b"HD":
                 return Busy(self._poll)
-            return self._granted(claim, ok, token)
-        if holder == "~" + claim.owner:
+            return self._granted(claim, ok, held.token)
+        if held.owner == "~" + claim.owner:
             raise LockError(f"claim on {claim.name!r} was abandoned")
-        if holder.startswith("~"):
+        if held.owner.startswith("~"):
             return await self._take_tombstone(claim, cas)
         return Busy(self._poll)
 
@@ -322,7 +287,7 @@ class MemcachedBackend(Backend):
         key = self._lock_key(claim)
         exp = exptime(claim.ttl_ms)
         swap, counter = await self._request(
-            _ms(key, claim.owner.encode(), b"C%d T%d c" % (cas, exp)),
+            ms(key, self._value(claim, None, taking=True), b"C%d T%d c" % (cas, exp)),
             self._incr(claim),
             mark=claim.state,
         )
@@ -331,21 +296,22 @@ class MemcachedBackend(Backend):
         return await self._store_token(claim, key, swap, counter)
 
     async def _store_token(self, claim: Claim, key: bytes, taken: Reply, counter: Reply) -> Granted | Busy:
-        """The key is ours (``taken`` has its cas): write ``<owner> <token>`` into it."""
-        token = _int(counter.value)
+        """The key is ours (``taken`` has its cas): write the token into its value."""
+        token = to_int(counter.value)
         cas = taken.flag_int("c")
         if token is None or cas is None:
             raise LockError(f"memcached at {self.url} gave no token counter for {claim.name!r}")
-        value = f"{claim.owner} {token}".encode()
         (ok,) = await self._request(
-            _ms(key, value, b"C%d T%d c" % (cas, exptime(claim.ttl_ms))), mark=claim.state
+            ms(key, self._value(claim, token), b"C%d T%d c" % (cas, exptime(claim.ttl_ms))),
+            mark=claim.state,
         )
         if ok.code == b"HD":
             return self._granted(claim, ok, token)
         # A retried write whose first copy got through (then the value is ours), or the
         # key is gone between two requests (flushed, evicted, restarted).
-        (seen,) = await self._request(_mg(key, b"v c t"))
-        if seen.value is not None and _parse(seen.value) == (claim.owner, token):
+        (seen,) = await self._request(mg(key, b"v c t"))
+        value = None if seen.value is None else Value.decode(seen.value)
+        if value is not None and (value.owner, value.token) == (claim.owner, token):
             return await self._acquire_slot(claim, seen)
         return Busy(self._poll)
 
@@ -357,11 +323,18 @@ class MemcachedBackend(Backend):
     def _incr(self, claim: Claim) -> bytes:
         return b"ma %s N0 J%d v\r\n" % (self._counter_key(claim.name, claim.kind), _seed())
 
+    def _value(self, claim: Claim, token: int | None, *, taking: bool = False) -> bytes:
+        """The claim's value: owner id, ``token``, grant time and holder record. An
+        attempt to take the key (``taking``) is the grant time if it succeeds."""
+        if taking or "since" not in claim.state:
+            claim.state["since"] = _wall_ms()
+        since = claim.state["since"]
+        assert isinstance(since, int)
+        return Value(claim.owner, token, since, claim.info).encode()
+
     # -- renew / release / abandon ----------------------------------------------------------
 
     async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
-        if not claims:
-            return []
         out: list[int | None] = [None] * len(claims)
         todo: list[int] = []
         commands: list[bytes] = []
@@ -370,6 +343,7 @@ class MemcachedBackend(Backend):
                 continue  # never granted here: nothing to renew
             todo.append(i)
             commands.append(self._renew_command(claim, claim.state["cas"]))  # type: ignore[arg-type]
+        granted = list(todo)
         for _ in range(CAS_RETRIES):
             if not todo:
                 break
@@ -383,22 +357,33 @@ class MemcachedBackend(Backend):
                     stale.append(i)  # changed since our last write: read and check the owner
             todo, commands = [], []
             if stale:
-                seen = await self._request(*(_mg(self._lock_key(claims[i]), b"v c") for i in stale))
+                seen = await self._request(*(mg(self._lock_key(claims[i]), b"v c") for i in stale))
                 for i, reply in zip(stale, seen, strict=True):
                     cas = reply.flag_int("c")
                     if reply.value is not None and cas is not None and self._mine(claims[i], reply.value):
                         todo.append(i)
                         commands.append(self._renew_command(claims[i], cas))
+        gone = [i for i in granted if out[i] is None]
+        if gone:  # revoked by an operator, or lost (expired, evicted, restarted)?
+            marks = await self._request(*(mg(self._revoked_key(claims[i].owner), b"v") for i in gone))
+            for i, mark in zip(gone, marks, strict=True):
+                if mark.value is not None:
+                    out[i] = REVOKED
         return out
 
     def _renew_command(self, claim: Claim, cas: int) -> bytes:
-        return _ms(self._lock_key(claim), self._value(claim), b"C%d T%d c" % (cas, exptime(claim.ttl_ms)))
-
-    def _value(self, claim: Claim) -> bytes:
-        return f"{claim.owner} {claim.state['token']}".encode()
+        token = claim.state["token"]
+        assert isinstance(token, int)
+        return ms(self._lock_key(claim), self._value(claim, token),
+                  b"C%d T%d c" % (cas, exptime(claim.ttl_ms)))
 
     def _mine(self, claim: Claim, value: bytes) -> bool:
-        return _parse(value)[0] == claim.owner
+        return Value.decode(value).owner == claim.owner
+
+    async def set_info(self, claim: Claim) -> bool:
+        """A renewal that writes the claim's new holder record (no listeners to wake)."""
+        (granted,) = await self.renew([claim])
+        return granted is not None and granted != REVOKED
 
     async def release(self, claim: Claim) -> bool:
         cas = claim.state.get("cas")
@@ -417,7 +402,7 @@ class MemcachedBackend(Backend):
                     return True
                 if reply.code == b"NF":
                     return False
-            (seen,) = await self._request(_mg(key, b"v c"))
+            (seen,) = await self._request(mg(key, b"v c"))
             cas = seen.flag_int("c")
             if seen.value is None or cas is None or not self._mine(claim, seen.value):
                 return False
@@ -442,74 +427,68 @@ class MemcachedBackend(Backend):
         # free key with a tombstone first, then delete ours if it is there.
         tomb = f"~{claim.owner}".encode()
         add, seen = await self._request(
-            _ms(key, tomb, b"T%d ME" % TOMBSTONE_SECONDS), _mg(key, b"v c")
+            ms(key, tomb, b"T%d ME" % TOMBSTONE_SECONDS), mg(key, b"v c")
         )
         if add.code == b"HD":
             return
         cas = seen.flag_int("c")
         if seen.value is not None and cas is not None and self._mine(claim, seen.value):
             # ours: turn it into a tombstone (not a delete, which would let a late add in)
-            await self._request(_ms(key, tomb, b"C%d T%d" % (cas, TOMBSTONE_SECONDS)))
+            await self._request(ms(key, tomb, b"C%d T%d" % (cas, TOMBSTONE_SECONDS)))
 
-    # -- inspect ------------------------------------------------------------------------------
+    # -- operators: inspect, force_release --------------------------------------------------
 
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
-        if kind in (Kind.READ, Kind.WRITE):
-            raise LockError(f"{self.url} does not offer read-write locks")
-        counter = self._counter_key(name, kind)
-        if kind is Kind.LOCK:
-            seen, last = await self._request(_mg(self._key("L", name), b"v t"), _mg(counter, b"v"))
-            slots = [seen]
-        else:
-            limit_reply, last = await self._request(_mg(self._key("SN", name), b"v"), _mg(counter, b"v"))
-            limit = _int(limit_reply.value) or 0
-            slots = await self._request(
-                *(_mg(self._key(f"S{i}", name), b"v t") for i in range(limit))
-            ) if limit else []
-        holders = 0
-        token: int | None = None
-        left: list[float] = []
+        keys = await self._holder_keys(name, kind)
+        *slots, last = await self._request(*(mg(key, b"v t") for key in keys),
+                                            mg(self._counter_key(name, kind), b"v"))
+        now = _wall_ms()
+        held: list[Value] = []
+        left: list[int] = []
         for reply in slots:
-            if reply.value is None:
-                continue
-            owner, tok = _parse(reply.value)
-            if owner.startswith("~"):
-                continue  # a tombstone: free
-            holders += 1
-            token = tok if kind is Kind.LOCK else None
+            value = None if reply.value is None else Value.decode(reply.value)
+            if value is None or value.owner.startswith("~"):
+                continue  # free, or a tombstone
+            held.append(value)
             secs = reply.flag_int("t")
             if secs is not None and secs >= 0:
                 left.append(max(secs - 2, 0))  # at least this long (see the module doc)
+        held.sort(key=lambda v: v.token or 0)
         return LockInfo(
-            name, holders > 0, holders=holders, token=token, last_token=_int(last.value),
-            ttl_left=float(max(left)) if left else None,
+            name, bool(held), holders=len(held),
+            token=held[0].token if held and kind is not Kind.PERMIT else None,
+            last_token=to_int(last.value), ttl_left=float(max(left)) if left else None,
+            held_by=tuple(decode_holder(v.info, None if v.since is None else (now - v.since) / 1000)
+                          for v in held),
+            family=kind.family,
         )
+
+    async def force_release(self, name: str, kind: Kind = Kind.LOCK) -> bool:
+        keys = await self._holder_keys(name, kind)
+        revoked = False
+        for _ in range(CAS_RETRIES):
+            if not keys:
+                break
+            seen = await self._request(*(mg(key, b"v c t") for key in keys))
+            commands: list[bytes] = []
+            sent: list[bytes] = []
+            for key, reply in zip(keys, seen, strict=True):
+                cas = reply.flag_int("c")
+                owner = None if reply.value is None else Value.decode(reply.value).owner
+                if owner is None or cas is None or owner.startswith("~"):
+                    continue  # free, or a tombstone
+                keep = min(max(REVOKED_SECONDS, 2 * (reply.flag_int("t") or 0)), MAX_EXPTIME)
+                # mark first: the holder's renewal, which finds its key gone, then sees it
+                commands += (ms(self._revoked_key(owner), b"1", b"T%d" % keep),
+                             b"md %s C%d\r\n" % (key, cas))
+                sent.append(key)
+            if not commands:
+                break
+            deletes = (await self._request(*commands))[1::2]
+            revoked = revoked or any(r.code == b"HD" for r in deletes)
+            # a key whose holder renewed (or changed) meanwhile: read and revoke it again
+            keys = [key for key, r in zip(sent, deletes, strict=True) if r.code == b"EX"]
+        return revoked
 
     async def aclose(self) -> None:
         await self._client.aclose()
-
-
-# -- protocol helpers -----------------------------------------------------------------------
-
-
-def _mg(key: bytes, flags: bytes) -> bytes:
-    return b"mg %s %s\r\n" % (key, flags)
-
-
-def _ms(key: bytes, value: bytes, flags: bytes) -> bytes:
-    return b"ms %s %d %s\r\n%s\r\n" % (key, len(value), flags, value)
-
-
-def _parse(value: bytes) -> tuple[str, int | None]:
-    """``b"<owner> <token>"`` (or just the owner) -> (owner, token)."""
-    owner, _, token = value.decode(errors="replace").partition(" ")
-    return owner, _int(token.encode()) if token else None
-
-
-def _int(raw: bytes | None) -> int | None:
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        return None

@@ -1,49 +1,40 @@
 """``redlock://h1:port,h2:port,h3:port``: Redlock over independent Redis masters.
 
-Each node is a plain :class:`~aiolock.backends.redis.RedisBackend` (same keys, same
-scripts); this class asks all of them at once and decides by majority (``n // 2 + 1``
-of ``n`` nodes, n >= 3; an odd n is best). See ``docs/redlock.md`` for the full story.
+Each node is a :class:`~aiolock.backends.redis.RedisBackend` used as a connection, with
+Redlock's own scripts (:mod:`aiolock.backends._redlock_node`); this class asks all nodes
+at once and decides by majority (``n // 2 + 1`` of ``n >= 3`` nodes). The user's story,
+the fencing-token guarantee and Kleppmann's critique are in ``docs/redlock.md``.
 
 * **Acquire**: ACQUIRE goes to every node at once; the attempt is decided as soon as a
   majority granted (or can no longer grant). It is granted only if a majority granted
-  *and* the validity ``ttl - elapsed - drift`` is still positive, where ``elapsed`` runs
-  on the monotonic clock from before the requests were sent and ``drift = ttl *
-  drift_factor + 2 ms``. The lease then ends, on the core's clock, ``validity`` after
-  the attempt finished (``Granted.ttl_ms = ttl - drift``, counted by the core from when
-  it sent the attempt). A failed attempt releases its partial grants on every node
-  before it returns, and after a split vote waits a random few ms (the one wait in this
-  backend, as the Redlock algorithm prescribes) so two contenders woken by each other's
-  clean-up do not retry in lockstep.
-* **Renew** (the watchdog's batch) goes to every node; a claim is renewed if a majority
-  confirmed, for ``ttl - drift`` from when the batch was sent, and gone if a majority
-  denied it. A node that lost the lease (restarted empty) while a majority still holds
-  it gets it back in the background (REPAIR), restoring the fault tolerance.
-* **Release** and **abandon** go to every node; release is True if a majority confirmed
-  that this claim held the lock there.
+  *and* the validity ``ttl - elapsed - drift`` is still positive (``elapsed`` on the
+  monotonic clock from before the requests were sent, ``drift = ttl * drift_factor + 2
+  ms``); ``Granted.ttl_ms = ttl - drift``, counted by the core from when it sent the
+  attempt. A failed attempt drops its partial grants on every node before it returns,
+  and after a split vote waits a random few ms (the one wait in this backend, as the
+  algorithm prescribes) so two contenders do not retry in lockstep.
+* **Tokens**: a grant's token is the highest counter of the granting majority; if they
+  differ, a majority of the nodes it holds are raised to it (RAISE) before it returns.
+* **Renew** (the watchdog's batch) goes to every node: renewed if a majority confirmed,
+  for ``ttl - drift`` from when the batch was sent; gone if a majority denied it
+  (revoked if one said "revoked"). A node that lost a lease a majority still holds
+  (restarted empty) gets it back in the background (REPAIR).
+* **Release** and **abandon** go to every node; release is True if a majority confirmed.
 * **Waiting**: waiters subscribe on every node not found down by its last request (at
-  least a majority, which a release always reaches); a release on any node wakes
-  them, and a missed signal costs at most the holders' remaining lease.
+  least a majority, which a release always reaches); any node's release wakes them.
+* **Coordination**: holder records sit in each node's lock hash, written by the script
+  that grants; ``inspect`` reports the owner and record a majority agrees on; ``scan``
+  SCANs every node and lists a name where ``inspect`` finds it held; ``force_release``
+  revokes on every node. Elections are locks of the ``elect`` family; a grant or a
+  ``proclaim`` is published on the name's channel, so observers wake at once.
 
-Fencing tokens: every node INCRs its own counter; a grant's token is the highest of the
-granting majority, and if those differ, a majority of the nodes where the claim holds
-the lock are raised to it (RAISE) before the grant is returned. Since two majorities
-intersect, the next grant sees a counter above it: tokens strictly increase in grant
-order as long as no node loses its counter (keep AOF on) and Redlock's own timing
-assumptions hold. They may repeat if a majority of the nodes lose their counters. See
-``docs/redlock.md`` for the exact statement and Kleppmann's critique.
-
-Not offered: ``fair=True``, read-write locks and semaphores. Each node's waiting queue
-sees contenders in its own order, so per-node queues do not compose into one fair
-order (heads can differ on every node and nobody gets a majority until places lapse);
-a semaphore of ``limit`` permits per node admits more than ``limit`` holders with a
-majority each (3 nodes, limit 2: three holders with two nodes each).
+Not offered: ``fair=True``, read-write locks and semaphores: per-node queues do not
+compose into one fair order, nor per-node permit counts into one limit.
 
 Errors: every node request is bounded by the connect and request timeouts. A minority
-of nodes down (or slow) is tolerated; when a majority cannot answer, operations raise
+of nodes down or slow is tolerated; when a majority cannot answer, operations raise
 :class:`aiolock.BackendUnavailable` (:class:`aiolock.AccessDenied` if a node refused the
-credentials or a permission, a :class:`aiolock.LockError` if a node refused a script).
-``abandon`` applies to every reachable node and raises only if fewer
-than a majority confirmed.
+credentials or a permission, :class:`aiolock.LockError` if it refused a script).
 """
 
 from __future__ import annotations
@@ -54,25 +45,22 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from .._validate import format_hosts, parse_hosts
-from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
+from .._holder import decode_holder
+from ..abc import FAMILY_KIND, REVOKED, Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
 from ..errors import AccessDenied, BackendUnavailable, LockError
-from ._redis_scripts import INSPECT, Script
-from ._redlock_scripts import RAISE, REPAIR
+from . import _redlock_node as one
+from ._redlock_url import DEFAULT_DRIFT_FACTOR, parse_url
 from .redis import RedisBackend
 
 __all__ = ["DEFAULT_DRIFT_FACTOR", "RedlockBackend"]
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: Clock drift allowance as a fraction of the ttl (plus :data:`DRIFT_MS`).
-DEFAULT_DRIFT_FACTOR = 0.01
 #: Constant part of the clock drift allowance, ms.
 DRIFT_MS = 2.0
 #: Upper bound of the random pause after a split vote, and of the jitter added to
@@ -99,7 +87,8 @@ class RedlockBackend(Backend):
 
     schemes: ClassVar[tuple[str, ...]] = ("redlock",)
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED}
+        {Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS,
+         Capability.SCAN, Capability.REVOKE, Capability.ELECTION}
     )
     ordered = False  # one connection per node: no order across them
 
@@ -140,51 +129,11 @@ class RedlockBackend(Backend):
         :class:`~aiolock.backends.redis.RedisBackend`) and applies to every node; ``ssl=true``
         makes every node ``rediss://``.
         """
-        parts = urlsplit(url)
-        if parts.scheme != "redlock":
-            raise ValueError(f"expected redlock://host:port,host:port,host:port, got {url!r}")
-        own = ("drift_factor", "connect_timeout", "request_timeout", "prefix")
-        pairs = parse_qsl(parts.query, keep_blank_values=True)
-        query: dict[str, str] = {k: v for k, v in pairs if k in own}
-        # any other query option is a node's (RedisBackend checks it, and names it if bad)
-        node_query = urlencode([(k, v) for k, v in pairs if k not in own and k != "ssl"])
-        tls = node_options.pop("ssl", None)
-        if tls is None:
-            tls = dict(pairs).get("ssl", "false").lower() in ("1", "true", "yes", "on")
-
-        def number(key: str, given: float | None, default: float) -> float:
-            if given is not None:
-                return given
-            if key not in query:
-                return default
-            try:
-                return float(query[key])
-            except ValueError:
-                raise ValueError(f"{key} in {url!r} must be a number, got {query[key]!r}") from None
-
-        userinfo, _, hostlist = parts.netloc.rpartition("@")
-        accepted = "redlock://host:port,host:port,host:port (at least 3 distinct nodes)"
-        hosts = parse_hosts(url, hostlist, 6379, accepted)
-        if len(hosts) < 3:
-            raise ValueError(f"Redlock needs at least 3 nodes, got {len(hosts)} in {url!r}; "
-                             f"expected {accepted}")
-        db = parts.path.strip("/")
-        if db and not db.isdigit():
-            raise ValueError(f"the database in {url!r} must be a number, got {db!r}")
-        options: dict[str, Any] = dict(
-            connect_timeout=number("connect_timeout", connect_timeout, 5.0),
-            request_timeout=number("request_timeout", request_timeout, 5.0),
-            prefix=prefix if prefix is not None else query.get("prefix", "aiolock"),
+        nodes, factor, safe = parse_url(
+            url, drift_factor=drift_factor, connect_timeout=connect_timeout,
+            request_timeout=request_timeout, prefix=prefix, **node_options,
         )
-        auth = userinfo + "@" if userinfo else ""
-        where = format_hosts(hosts)
-        scheme = "rediss" if tls else "redis"
-        tail = f"?{node_query}" if node_query else ""
-        nodes = [RedisBackend.from_url(f"{scheme}://{auth}{node}/{db or 0}{tail}",
-                                       **options, **node_options) for node in where]
-        safe = "redlock://" + ",".join(where) + (f"/{db}" if db else "")
-        return cls(nodes, drift_factor=number("drift_factor", drift_factor, DEFAULT_DRIFT_FACTOR),
-                   url=safe)
+        return cls(nodes, drift_factor=factor, url=safe)
 
     @property
     def url(self) -> str:
@@ -260,14 +209,10 @@ class RedlockBackend(Backend):
         refused = [e for e in replies.errors.values() if not isinstance(e, BackendUnavailable)]
         return LockError(message) if refused else BackendUnavailable(message)
 
-    async def _script(self, node: RedisBackend, script: Script, claim: Claim, *args: Any) -> bool:
-        keys = node._keys(claim.name, claim.owner)
-        return int(await node._run(script, [keys[0], keys[1], keys[4]], claim.owner, *args)) == 1
-
     # -- primitives -------------------------------------------------------------------------
 
     async def connect(self) -> None:
-        replies = await self._ask(lambda node: node.connect(), lambda r: len(r.ok) >= self.quorum)
+        replies = await self._ask(one.prepare, lambda r: len(r.ok) >= self.quorum)
         for i, exc in replies.errors.items():
             log.warning("redlock: node %s is unreachable (%s)", self._nodes[i].url, exc)
         if len(replies.ok) < self.quorum:
@@ -282,7 +227,7 @@ class RedlockBackend(Backend):
             return granted >= q or granted + len(r.pending) < q
 
         start = time.monotonic()
-        replies = await self._ask(lambda node: node.try_acquire(claim), decided)
+        replies = await self._ask(lambda node: one.acquire(node, claim), decided)
         grants = {i: v for i, v in replies.ok.items() if isinstance(v, Granted)}
         if len(grants) >= q:
             granted = await self._settle(claim, grants, replies, start)
@@ -292,7 +237,7 @@ class RedlockBackend(Backend):
         # release queues behind the acquire), so no partial grant lingers.
         if grants or replies.pending:
             await self._ask(
-                lambda node: node.release(claim), lambda r: not (set(grants) & r.pending)
+                lambda node: one.release(node, claim, "d"), lambda r: not (set(grants) & r.pending)
             )
         if n - len(replies.errors) < q:
             raise self._failure("acquire", replies)
@@ -317,7 +262,7 @@ class RedlockBackend(Backend):
             # The counters differ: raise a majority of the nodes we hold to the token,
             # so the next grant anywhere (a majority, hence one of these) is above it.
             raised = await self._ask(
-                lambda node: self._script(node, RAISE, claim, token),
+                lambda node: one.raise_token(node, claim, token),
                 lambda r: sum(r.ok.values()) >= q or sum(r.ok.values()) + len(r.pending) < q,
                 only=list(grants),
             )
@@ -331,7 +276,7 @@ class RedlockBackend(Backend):
         # margin against a node that loses its counter) and label late grants.
         for i in range(len(self._nodes)):
             if i not in synced and i not in replies.errors:
-                self._spawn(self._script(self._nodes[i], RAISE, claim, token))
+                self._spawn(one.raise_token(self._nodes[i], claim, token))
         elapsed_ms = (time.monotonic() - start) * 1000
         if ttl_ms - elapsed_ms <= 0:
             log.info("redlock: acquiring %r took %.0f ms, beyond its validity", claim.name, elapsed_ms)
@@ -345,34 +290,36 @@ class RedlockBackend(Backend):
             return []
         n, q = len(self._nodes), self.quorum
 
-        def counts(r: _Replies[list[int | None]], k: int) -> tuple[int, int]:
-            yes = sum(1 for v in r.ok.values() if v[k])
-            return yes, len(r.ok) - yes
+        def counts(r: _Replies[list[int]], k: int) -> tuple[int, int]:
+            yes = sum(1 for v in r.ok.values() if v[k] > 0)
+            return yes, len(r.ok) - yes  # "no": not held there, or revoked
 
-        def decided(r: _Replies[list[int | None]]) -> bool:
+        def decided(r: _Replies[list[int]]) -> bool:
             for k in range(len(claims)):
                 yes, no = counts(r, k)
-                if yes < q and no <= n - q and yes + len(r.pending) >= q:
+                # neither renewed nor gone yet: wait for the nodes still answering (one
+                # down, one "gone", one pending is "gone" or unknown: not the same thing)
+                if yes < q and no <= n - q and r.pending:
                     return False
             return True
 
         start = time.monotonic()
-        replies = await self._ask(lambda node: node.renew(claims), decided)
+        replies = await self._ask(lambda node: one.renew(node, list(claims)), decided)
         elapsed_ms = (time.monotonic() - start) * 1000
         out: list[int | None] = []
         unknown = False
         for k, claim in enumerate(claims):
             yes, no = counts(replies, k)
             if yes >= q:
-                confirmed = sorted((v[k] or 0 for v in replies.ok.values()), reverse=True)
+                confirmed = sorted((max(v[k], 0) for v in replies.ok.values()), reverse=True)
                 ms = math.floor(confirmed[q - 1] - self.drift_ms(claim.ttl_ms))
                 if ms > elapsed_ms:
                     out.append(ms)
-                    self._repair(claim, [i for i, v in replies.ok.items() if not v[k]])
+                    self._repair(claim, [i for i, v in replies.ok.items() if v[k] == 0])
                 else:
                     out.append(None)  # confirmed too late: the validity is over
-            elif no > n - q:
-                out.append(None)
+            elif no > n - q:  # gone from a majority: revoked if any node says so
+                out.append(REVOKED if any(v[k] < 0 for v in replies.ok.values()) else None)
             else:
                 out.append(None)
                 unknown = True
@@ -383,27 +330,35 @@ class RedlockBackend(Backend):
     def _repair(self, claim: Claim, nodes: list[int]) -> None:
         """Put a lease a majority holds back on ``nodes``, which lost it, in the background."""
         token = claim.state.get("token")
-        if not nodes or token is None or claim.state.get("released"):
+        if not nodes or not isinstance(token, int) or claim.state.get("released"):
             return
         for i in nodes:
             log.info("redlock: restoring the lease on %r at %s", claim.name, self._nodes[i].url)
-            self._spawn(self._script(self._nodes[i], REPAIR, claim, token, claim.ttl_ms))
+            self._spawn(one.repair(self._nodes[i], claim, token))
 
     async def release(self, claim: Claim) -> bool:
         claim.state["released"] = True  # no repair may put it back from now on
-        replies = await self._ask(
-            lambda node: node.release(claim), lambda r: sum(r.ok.values()) >= self.quorum
-        )
-        held = sum(replies.ok.values())
-        if held >= self.quorum:
+        replies = await self._ask(lambda node: one.release(node, claim), self._yes_or_no)
+        return self._majority_said("release", replies)
+
+    def _yes_or_no(self, replies: _Replies[bool]) -> bool:
+        """Decided: a majority said yes, or so many said no that it cannot."""
+        yes = sum(replies.ok.values())
+        return yes >= self.quorum or len(replies.ok) - yes > len(self._nodes) - self.quorum
+
+    def _majority_said(self, what: str, replies: _Replies[bool]) -> bool:
+        """True if a majority said yes, False if a majority said no (the claim is gone:
+        lost, expired or revoked), else the failure."""
+        if sum(replies.ok.values()) >= self.quorum:
             return True
-        if len(replies.ok) - held > len(self._nodes) - self.quorum:
-            return False  # a majority says it did not hold it: it was lost
-        raise self._failure("release", replies)
+        if self._yes_or_no(replies):
+            return False
+        raise self._failure(what, replies)
 
     async def abandon(self, claim: Claim) -> None:
         claim.state["released"] = True
-        replies = await self._ask(lambda node: node.abandon(claim), lambda r: len(r.ok) >= self.quorum)
+        replies = await self._ask(lambda node: one.release(node, claim, "a"),
+                                  lambda r: len(r.ok) >= self.quorum)
         if len(replies.ok) < self.quorum:
             raise self._failure("abandon", replies)
 
@@ -425,28 +380,65 @@ class RedlockBackend(Backend):
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
         _check_kind(kind)
         q = self.quorum
+        family = kind.family
 
-        def owners(r: _Replies[list[Any]]) -> Counter[str]:
-            return Counter(o for o in (_text(v[0]) for v in r.ok.values()) if o)
+        def owners(r: _Replies[one.NodeView]) -> Counter[str]:
+            return Counter(v.owner for v in r.ok.values() if v.owner)
 
-        def decided(r: _Replies[list[Any]]) -> bool:
+        def decided(r: _Replies[one.NodeView]) -> bool:
             top = max(owners(r).values(), default=0)
             return top >= q or (len(r.ok) >= q and top + len(r.pending) < q)
 
-        replies = await self._ask(lambda node: node._run(INSPECT, node._keys(name, "-")), decided)
+        replies = await self._ask(lambda node: one.inspect(node, name, kind), decided)
         if len(replies.ok) < q:
             raise self._failure("inspect", replies)
-        lasts = [int(v[3]) for v in replies.ok.values() if int(v[3]) >= 0]
-        last = max(lasts) if lasts else None
+        last = max((v.last for v in replies.ok.values() if v.last >= 0), default=None)
         top = owners(replies).most_common(1)
         if not top or top[0][1] < q:
-            return LockInfo(name, False, last_token=last)
-        holder = [v for v in replies.ok.values() if _text(v[0]) == top[0][0]]
-        left = sorted((int(v[2]) for v in holder), reverse=True)[q - 1]
+            return LockInfo(name, False, last_token=last, family=family)
+        holder = [v for v in replies.ok.values() if v.owner == top[0][0]]
+        left = sorted((v.pttl for v in holder), reverse=True)[q - 1]
+        # the record most of its nodes keep (a proclaim may not have reached them all)
+        info = Counter(v.info for v in holder).most_common(1)[0][0]
+        since = max(v.since_ms for v in holder)
         return LockInfo(
-            name, True, holders=1, token=max(int(v[1]) for v in holder), last_token=last,
+            name, True, holders=1, token=max(v.token for v in holder), last_token=last,
             ttl_left=max(left - self.drift_ms(left), 0) / 1000,
+            held_by=(decode_holder(info, since / 1000 if since >= 0 else None),), family=family,
         )
+
+    async def set_info(self, claim: Claim) -> bool:
+        replies = await self._ask(lambda node: one.set_info(node, claim), self._yes_or_no)
+        return self._majority_said("proclaim", replies)
+
+    async def force_release(self, name: str, kind: Kind = Kind.LOCK) -> bool:
+        """Revoke the holder on every node; True if a node answering had one."""
+        _check_kind(kind)
+
+        def decided(r: _Replies[bool]) -> bool:
+            return len(r.ok) >= self.quorum and (any(r.ok.values()) or not r.pending)
+
+        replies = await self._ask(lambda node: one.revoke(node, name, kind), decided)
+        if len(replies.ok) < self.quorum:
+            raise self._failure("force_release", replies)
+        return any(replies.ok.values())
+
+    async def scan(self, prefix: str = "") -> AsyncIterator[LockInfo]:
+        """SCAN on every node; a name is listed where a majority holds it (see
+        :meth:`inspect`), so a minority's leftover never shows."""
+
+        async def names(node: RedisBackend) -> set[tuple[str, str]]:
+            return {found async for found in one.scan(node, prefix)}
+
+        # any majority of nodes meets every name a majority holds: no need to wait for more
+        replies = await self._ask(names, lambda r: len(r.ok) >= self.quorum)
+        if len(replies.ok) < self.quorum:
+            raise self._failure("scan", replies)
+        seen = set().union(*replies.ok.values())
+        for name, family in sorted((n, f) for f, n in seen if f in _FAMILIES):
+            info = await self.inspect(name, FAMILY_KIND[family])
+            if info.held:
+                yield info
 
     async def aclose(self) -> None:
         """Let requests still running on slow nodes (the last releases, mostly) finish,
@@ -462,10 +454,11 @@ class RedlockBackend(Backend):
                 log.debug("redlock: closing %s failed: %s", node.url, result)
 
 
+#: The families Redlock offers: plain locks and elections.
+_FAMILIES = ("lock", "elect")
+
+
 def _check_kind(kind: Kind) -> None:
-    if kind is not Kind.LOCK:
-        raise LockError(f"the redlock:// backend offers plain locks only, not {kind.value}")
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    if kind.family not in _FAMILIES:
+        raise LockError(f"the redlock:// backend offers plain locks and elections only, "
+                        f"not {kind.value}")
