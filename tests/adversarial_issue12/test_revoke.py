@@ -1,0 +1,131 @@
+"""Revocation (SPEC §7): "``force_release()`` is for operators: the revoked holder learns it
+at its next renewal (within ``ttl/3``) and its lease is ``lost`` (body cancelled as usual);
+fencing still rejects its writes. Tokens keep increasing across a revocation." Also
+§2: "every successful acquisition returns a token strictly greater than that of every
+earlier acquisition of the same name"."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from itertools import pairwise
+import time
+
+import pytest
+
+import aiolock
+from aiolock import Capability
+
+TTL = 1.5
+SLACK = 1.0    # the renewal after ttl/3, one round trip, a loaded machine
+
+
+async def test_revoked_body_cancelled_then_token_increases(rlocks: aiolock.Locks, name: str) -> None:
+    lock = rlocks.lock(name, ttl=TTL)
+    cancelled = False
+    t0 = 0.0
+    with pytest.raises(aiolock.LockLost):
+        async with lock as lease:
+            old = lease.token
+            assert await rlocks.lock(name).force_release() is True
+            t0 = time.monotonic()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled = True
+                raise
+    took = time.monotonic() - t0
+    assert cancelled and lease.lost
+    assert took < TTL / 3 + SLACK, f"revocation learnt after {took:.2f} s"
+    async with rlocks.lock(name, ttl=TTL, timeout=5) as again:
+        assert again.token > old
+    assert await rlocks.lock(name).force_release() is False
+
+
+async def test_revoked_release_does_not_free_next_holder(rlocks: aiolock.Locks, name: str) -> None:
+    """A revoked lease's release frees nothing: the next holder keeps the lock."""
+    old = await rlocks.lock(name, ttl=TTL, on_lost="raise").acquire()
+    assert await rlocks.lock(name).force_release()
+    # another task: this one still holds the revoked lease until its next renewal
+    new = await asyncio.create_task(rlocks.lock(name, ttl=TTL).acquire(timeout=5))
+    try:
+        assert new.token > old.token
+        await old.release()
+        info = await rlocks.status(name)
+        assert info.held and info.token == new.token, info
+        with pytest.raises(aiolock.LockTimeout):
+            await asyncio.create_task(rlocks.lock(name, ttl=TTL).acquire(timeout=0))
+        await asyncio.sleep(TTL / 3 + 0.3)
+        assert old.lost and not new.lost
+    finally:
+        await new.release()
+    assert not (await rlocks.status(name)).held
+
+
+async def test_revoke_hands_over_to_waiter_with_higher_token(rlocks: aiolock.Locks, name: str) -> None:
+    holder = await rlocks.lock(name, ttl=TTL).acquire()
+    waiter = asyncio.create_task(rlocks.lock(name, ttl=TTL).acquire(timeout=TTL * 3))
+    await asyncio.sleep(0.3)
+    t0 = time.monotonic()
+    assert await rlocks.lock(name).force_release()
+    got = await waiter
+    took = time.monotonic() - t0
+    try:
+        assert got.token > holder.token
+        await asyncio.wait_for(holder.wait_lost(), TTL / 3 + SLACK)
+        assert holder.lost and not got.lost
+        # the waiter is in the same process: it may wait for the revoked lease's renewal,
+        # but not for its whole ttl
+        assert took < TTL / 3 + SLACK, f"waiter got the revoked lock after {took:.2f} s"
+    finally:
+        await got.release()
+        await holder.release()
+
+
+async def test_revoke_races_acquire_and_release(rlocks: aiolock.Locks, name: str) -> None:
+    """Revocations at random points of acquire/hold/release by 4 tasks: tokens strictly
+    increase across every grant, and afterwards the lock is free (nothing left held)."""
+    tokens: list[int] = []
+    stop = time.monotonic() + 2.0
+    rng = random.Random(12)
+
+    async def worker() -> None:
+        lock = rlocks.lock(name, ttl=TTL, on_lost="raise")
+        while time.monotonic() < stop:
+            try:
+                lease = await lock.acquire(timeout=TTL * 2)
+            except aiolock.LockTimeout:
+                continue
+            tokens.append(lease.token)
+            await asyncio.sleep(rng.random() * 0.01)
+            await lease.release()
+
+    async def revoker() -> None:
+        while time.monotonic() < stop:
+            await asyncio.sleep(rng.random() * 0.03)
+            await rlocks.lock(name).force_release()
+
+    await asyncio.gather(*(worker() for _ in range(4)), revoker())
+    assert tokens and all(b > a for a, b in pairwise(tokens)), tokens
+    async with rlocks.lock(name, ttl=TTL, timeout=TTL + SLACK) as last:
+        assert last.token > tokens[-1]
+    assert not (await rlocks.status(name)).held
+
+
+async def test_revoke_every_reader_and_permit(rlocks: aiolock.Locks, name: str) -> None:
+    kinds = []
+    if Capability.RWLOCK in rlocks.capabilities:
+        kinds.append(("rw", lambda: rlocks.rwlock(name, ttl=TTL).read(), rlocks.rwlock(name)))
+    if Capability.SEMAPHORE in rlocks.capabilities:
+        kinds.append(("sem", lambda: rlocks.semaphore(name + "s", limit=3, ttl=TTL),
+                      rlocks.semaphore(name + "s", limit=3)))
+    if not kinds:
+        pytest.skip("no rwlock or semaphore")
+    for label, make, prim in kinds:
+        leases = await asyncio.gather(*(asyncio.create_task(make().acquire()) for _ in range(3)))
+        assert await prim.force_release(), label
+        await asyncio.wait_for(asyncio.gather(*(le.wait_lost() for le in leases)),
+                               TTL / 3 + SLACK)
+        assert all(le.lost for le in leases), label
+        for le in leases:
+            await le.release()
