@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from itertools import pairwise
 import time
+from itertools import pairwise
 
 import pytest
 
