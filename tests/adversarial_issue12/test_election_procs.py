@@ -97,6 +97,13 @@ async def test_killed_leader_replaced_stopped_leader_cancelled(erow: Any, reques
         async with aiolock.connect(url) as locks:
             leader = await locks.election(name).leader()
             assert leader is not None and leader.token == int(second[2]), leader
+            seen: list[aiolock.Leader | None] = []
+
+            async def watch() -> None:
+                async for state in locks.election(name, ttl=TTL).observe():
+                    seen.append(state)
+
+            watcher = asyncio.create_task(watch())
 
             # SIGSTOP the leader past its ttl: the third takes over; on wake, the paused
             # leader's body is cancelled and its block raises LockLost at once
@@ -112,5 +119,10 @@ async def test_killed_leader_replaced_stopped_leader_cancelled(erow: Any, reques
             assert float(cancelled[2]) - woke < 0.5 + SLACK, "paused leader acted on wake"
             leader = await locks.election(name).leader()
             assert leader is not None and leader.token == int(third[2]), leader
+            # SPEC §8: observe() ends on the current leader within one ttl
+            await asyncio.sleep(TTL)
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+            assert seen and seen[-1] is not None and seen[-1].token == int(third[2]), seen
     finally:
         await cands.close()
