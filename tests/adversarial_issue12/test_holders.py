@@ -73,3 +73,37 @@ async def test_holder_record_fields(hlocks: aiolock.Locks, name: str) -> None:
     finally:
         await lease.release()
     assert (await hlocks.status(name)).held_by == ()
+
+
+@pytest.mark.parametrize("how", ["release", "revoke"])
+async def test_handed_over_lock_shows_the_new_holder(hlocks: aiolock.Locks, name: str,
+                                                     how: str) -> None:
+    """SPEC §7 ``info.held_by``: "every current holder"; ``Leader(data, ...)``: the
+    leader's data. After a release or a revocation hands the lock (the leadership) to a
+    waiter, the record shown is the waiter's, never the previous holder's."""
+    from aiolock import Capability
+    if how == "revoke" and Capability.REVOKE not in hlocks.capabilities:
+        pytest.skip("no REVOKE")
+    first = await hlocks.lock(name, ttl=3, data="A").acquire()
+    waiter = asyncio.create_task(hlocks.lock(name, ttl=3, data="B").acquire(timeout=10))
+    election = hlocks.election(name + "e", ttl=3)
+    term = await election.campaign(data="LA").acquire()
+    candidate = asyncio.create_task(election.campaign(data="LB").acquire(timeout=10))
+    await asyncio.sleep(0.3)
+    if how == "release":
+        await first.release()
+        await term.release()
+    else:
+        assert await hlocks.lock(name).force_release()
+        assert await election.campaign().force_release()
+    second, next_term = await waiter, await candidate
+    try:
+        info = await hlocks.status(name)
+        assert [h.data for h in info.held_by] == ["B"], info
+        assert second.holder is not None and second.holder.data == "B"
+        leader = await election.leader()
+        assert leader is not None and (leader.data, leader.token) == ("LB", next_term.token)
+        assert leader.holder.data == "LB"
+    finally:
+        for lease in (second, next_term, first, term):
+            await lease.release()

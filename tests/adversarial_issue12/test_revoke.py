@@ -82,15 +82,19 @@ async def test_revoke_hands_over_to_waiter_with_higher_token(rlocks: aiolock.Loc
         await holder.release()
 
 
-async def test_revoke_races_acquire_and_release(rlocks: aiolock.Locks, name: str) -> None:
+@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
+async def test_revoke_races_acquire_and_release(rlocks: aiolock.Locks, name: str,
+                                                fair: bool) -> None:
     """Revocations at random points of acquire/hold/release by 4 tasks: tokens strictly
     increase across every grant, and afterwards the lock is free (nothing left held)."""
+    if fair and Capability.FAIR not in rlocks.capabilities:
+        pytest.skip("not fair")
     tokens: list[int] = []
     stop = time.monotonic() + 2.0
     rng = random.Random(12)
 
     async def worker() -> None:
-        lock = rlocks.lock(name, ttl=TTL, on_lost="raise")
+        lock = rlocks.lock(name, ttl=TTL, on_lost="raise", fair=fair)
         while time.monotonic() < stop:
             try:
                 lease = await lock.acquire(timeout=TTL * 2)
@@ -107,7 +111,7 @@ async def test_revoke_races_acquire_and_release(rlocks: aiolock.Locks, name: str
 
     await asyncio.gather(*(worker() for _ in range(4)), revoker())
     assert tokens and all(b > a for a, b in pairwise(tokens)), tokens
-    async with rlocks.lock(name, ttl=TTL, timeout=TTL + SLACK) as last:
+    async with rlocks.lock(name, ttl=TTL, timeout=TTL + SLACK, fair=fair) as last:
         assert last.token > tokens[-1]
     assert not (await rlocks.status(name)).held
 
@@ -129,3 +133,17 @@ async def test_revoke_every_reader_and_permit(rlocks: aiolock.Locks, name: str) 
         assert all(le.lost for le in leases), label
         for le in leases:
             await le.release()
+
+
+async def test_same_task_acquires_again_after_revocation(rlocks: aiolock.Locks, name: str) -> None:
+    """Once its lease is lost (revoked), the task no longer holds the lock: acquiring it
+    again is a new acquisition (a higher token), not the same-task LockError."""
+    lease = await rlocks.lock(name, ttl=TTL, on_lost="raise").acquire()
+    assert await rlocks.lock(name).force_release()
+    await asyncio.wait_for(lease.wait_lost(), TTL / 3 + SLACK)
+    again = await rlocks.lock(name, ttl=TTL).acquire(timeout=2)
+    try:
+        assert again.token > lease.token
+    finally:
+        await again.release()
+        await lease.release()
