@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -126,3 +127,76 @@ async def test_killed_leader_replaced_stopped_leader_cancelled(erow: Any, reques
             assert seen and seen[-1] is not None and seen[-1].token == int(third[2]), seen
     finally:
         await cands.close()
+
+
+@row
+async def test_paused_lone_leader_seen_vacant(erow: Any, request: Any, name: str) -> None:
+    """SPEC §8: observe() "never ends on a stale one: after changes stop, its last value
+    is the current leader (or None) within one ttl". A lone leader SIGSTOPped leads no
+    more once its ttl has passed: observers see None, a new candidate leads, and on wake
+    the paused leader's body is cancelled and its block raises LockLost."""
+    url = erow.url(request)
+    bound = erow.dead_holder(TTL) + SLACK
+    cands = Candidates()
+    try:
+        await cands.start(1, url, name)
+        await cands.next("READY", 30)
+        first = await cands.next("LEAD", 10)
+        async with aiolock.connect(url) as locks:
+            election = locks.election(name, ttl=TTL)
+            seen: list[aiolock.Leader | None] = []
+
+            async def watch() -> None:
+                async for state in election.observe():
+                    seen.append(state)
+
+            watcher = asyncio.create_task(watch())
+            await asyncio.sleep(0.2)
+            os.kill(int(first[1]), signal.SIGSTOP)
+            stopped = time.monotonic()
+            while not (seen and seen[-1] is None):
+                assert time.monotonic() - stopped < bound + TTL, f"observe stuck on {seen[-1:]}"
+                await asyncio.sleep(0.05)
+            term = await election.campaign(data="next").acquire(timeout=bound + TTL)
+            try:
+                assert term.token > int(first[2])
+                os.kill(int(first[1]), signal.SIGCONT)
+                woke = time.monotonic()
+                cancelled = await cands.next("CANCELLED", 5)
+                await cands.next("LOST", 5)
+                assert float(cancelled[2]) - woke < 0.5 + SLACK
+                await asyncio.sleep(TTL)
+                assert seen[-1] is not None and seen[-1].token == term.token, seen[-3:]
+                assert not term.lost
+            finally:
+                await term.release()
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+    finally:
+        await cands.close()
+
+
+@row
+async def test_at_most_one_leader_across_processes(erow: Any, request: Any, name: str) -> None:
+    """SPEC §8: "At most one leader at a time"; terms "strictly increasing per election
+    name". 3 processes x 3 tasks campaign and resign for 2 s: the terms (grant to the
+    holder's last check that it still led) never overlap, and later terms are higher."""
+    url = erow.url(request)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    procs = [await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.adversarial_issue12.procs.churner", url, name, "3", "2",
+        "0.01", stdout=asyncio.subprocess.PIPE, env=env) for _ in range(3)]
+    try:
+        outs = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in procs)), 60)
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+    lines = [w.split() for out, _ in outs for w in out.decode().splitlines()]
+    assert sum(1 for w in lines if w[0] == "DONE") == 3
+    terms = sorted((float(w[3]), float(w[4]), int(w[2]), w[1]) for w in lines if w[0] == "TERM")
+    assert len({pid for *_, pid in terms}) >= 2, "one process led every term"
+    for (_, e1, t1, p1), (s2, _, t2, p2) in pairwise(terms):
+        assert e1 <= s2, f"terms {t1} ({p1}) and {t2} ({p2}) overlap by {e1 - s2:.4f} s"
+        assert t2 > t1, f"term {t2} granted after term {t1}"
