@@ -6,6 +6,7 @@ exits 2 on a backend that cannot list."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -64,3 +65,30 @@ async def test_revoke_elect_ls_exit_codes(crow: Any, request: Any, name: str) ->
         code, _, err = await asyncio.wait_for(task, 10)
         assert code == 76, (code, err)
         assert (await cli(url, "elect", "--ttl", "1.5", name, "--", "sh", "-c", "exit 7"))[0] == 7
+
+
+@pytest.mark.parametrize("crow", params_of("redis", "zookeeper", "postgres", "mysql", "etcd",
+                                           "memcached", "redlock", "memory"))
+async def test_cli_revoke_every_kind_of_the_name(crow: Any, request: Any, name: str) -> None:
+    """docs/operations.md, ``aiolock revoke``: "Revokes every holder of NAME, in every kind
+    the backend offers. Each revoked holder finds its lease lost at its next renewal"."""
+    if crow.id == "memory":
+        pytest.skip("memory:// is one process")
+    url = crow.url(request)
+    async with aiolock.connect(url) as locks:
+        caps = locks.capabilities
+        leases = [await locks.lock(name, ttl=1.5).acquire()]
+        if aiolock.Capability.RWLOCK in caps:
+            leases.append(await asyncio.create_task(locks.rwlock(name, ttl=1.5).read().acquire()))
+        if aiolock.Capability.SEMAPHORE in caps:
+            leases.append(await asyncio.create_task(locks.semaphore(name, limit=2, ttl=1.5).acquire()))
+        leases.append(await asyncio.create_task(
+            locks.election(name, ttl=1.5).campaign(data="d").acquire()))
+        code, _, err = await cli(url, "revoke", name)
+        assert code == 0, (code, err)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(le.wait_lost() for le in leases)), 2.0)
+        kept = [le for le in leases if not le.lost]
+        for le in leases:
+            await le.release()
+        assert not kept, f"not revoked: {kept}"

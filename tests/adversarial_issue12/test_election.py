@@ -170,3 +170,22 @@ async def test_decorated_campaign_and_lock_reentered(elocks: aiolock.Locks, name
         await asyncio.wait_for(lead(1), 5)
     assert await asyncio.wait_for(lead(0), 5) == 1
     assert await elocks.election(name + "e").leader() is None
+
+
+async def test_proclaim_data_limits_and_round_trip(elocks: aiolock.Locks, name: str) -> None:
+    """Leadership.proclaim(data): the leader's data, "<= 1024 chars" as for campaign():
+    any such string round-trips through leader(); a longer one is refused with ValueError
+    and changes nothing."""
+    election = elocks.election(name, ttl=TTL)
+    async with election.campaign(data="start") as term:
+        for data in ("\U0001F512" * 1024, "a\nb\x1b[0m" * 100, ""):
+            await term.proclaim(data)
+            leader = await election.leader()
+            assert leader is not None and leader.data == data and leader.token == term.token
+        await term.proclaim("kept")
+        with pytest.raises(ValueError):
+            await term.proclaim("x" * 1025)
+        leader = await election.leader()
+        assert leader is not None and leader.data == "kept"
+        info = await elocks.status(name, aiolock.Kind.LEADER)
+        assert info.held and [h.data for h in info.held_by] == ["kept"], info

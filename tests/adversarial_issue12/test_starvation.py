@@ -21,9 +21,13 @@ from ..scenarios import params_of
 ROUNDS = 15
 
 
-@pytest.mark.parametrize("srow", params_of("redis-cluster", "redis-sentinel"))
+@pytest.mark.parametrize("hold", [0.001, 0.008], ids=["short", "long"])
+@pytest.mark.parametrize("srow", params_of("redis", "redis-cluster", "redis-sentinel"))
 async def test_lone_waiting_process_not_starved_by_busy_process(srow: Any, request: Any,
-                                                                name: str) -> None:
+                                                                name: str, hold: float) -> None:
+    """With holds of 1 ms: at most 5 local grants (4 hand-offs in a row) while the other
+    process waits, plus up to 5 while its registration travels; with holds of 8 ms, the
+    10 ms limit allows 2 local hand-offs after the first: at most 3, plus the same 5."""
     url = srow.url(request)
     grants: list[float] = []
     stop = asyncio.Event()
@@ -34,7 +38,7 @@ async def test_lone_waiting_process_not_starved_by_busy_process(srow: Any, reque
             while not stop.is_set():
                 async with lock:
                     grants.append(time.monotonic())
-                    await asyncio.sleep(0.001)
+                    await asyncio.sleep(hold)
 
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tests.adversarial_issue12.procs.waiter", url, name,
@@ -65,5 +69,6 @@ async def test_lone_waiting_process_not_starved_by_busy_process(srow: Any, reque
     # grants of the busy process while the other waited; the first few of a wait may
     # fall before its registration reached the server: allow one extra burst (5)
     ahead = [sum(1 for g in grants if a < g < b) for a, b in waits]
-    assert max(ahead) <= 10, f"the other process waited behind {ahead} local grants"
+    limit = (5 if hold < 0.002 else 3) + 5
+    assert max(ahead) <= limit, f"the other process waited behind {ahead} local grants"
     assert max(b - a for a, b in waits) < 1.0, waits
