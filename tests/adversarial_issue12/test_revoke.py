@@ -147,3 +147,34 @@ async def test_same_task_acquires_again_after_revocation(rlocks: aiolock.Locks, 
     finally:
         await again.release()
         await lease.release()
+
+
+@pytest.mark.parametrize("steps", [1, 3, 8])
+@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
+async def test_revoke_skips_cancelled_waiter(rlocks: aiolock.Locks, name: str, steps: int,
+                                             fair: bool) -> None:
+    """README "Cancellation safety": a cancelled wait is abandoned (removed from the queue,
+    barred) before CancelledError propagates. A revocation then hands the lock to the live
+    waiter behind it at once -- not to the cancelled claim for its ttl."""
+    if fair and Capability.FAIR not in rlocks.capabilities:
+        pytest.skip("not fair")
+    holder = await rlocks.lock(name, ttl=TTL, fair=fair, on_lost="raise").acquire()
+    w1 = asyncio.create_task(rlocks.lock(name, ttl=5, fair=fair).acquire())
+    await asyncio.sleep(0.1)
+    w2 = asyncio.create_task(rlocks.lock(name, ttl=TTL, fair=fair).acquire(timeout=10))
+    await asyncio.sleep(0.1)
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    w1.cancel()
+    try:
+        got1 = await w1
+        await got1.release()
+    except asyncio.CancelledError:
+        pass
+    t0 = time.monotonic()
+    assert await rlocks.lock(name).force_release()
+    lease = await w2
+    took = time.monotonic() - t0
+    await lease.release()
+    await holder.release()
+    assert took < TTL / 3 + SLACK, f"the live waiter got the revoked lock after {took:.2f} s"
