@@ -178,3 +178,27 @@ async def test_revoke_skips_cancelled_waiter(rlocks: aiolock.Locks, name: str, s
     await lease.release()
     await holder.release()
     assert took < TTL / 3 + SLACK, f"the live waiter got the revoked lock after {took:.2f} s"
+
+
+async def test_revoking_some_leases_of_a_renewal_batch_spares_the_others(
+        rlocks: aiolock.Locks) -> None:
+    """SPEC §2: "One renewal loop per backend renews all held leases in batches"; §7: the
+    *revoked* holder learns it at its next renewal. Revoking 8 of 24 leases held by one
+    connection, at random moments across several renewals, loses exactly those 8."""
+    base = f"b{random.randrange(1 << 30)}:"
+    ttl = 1.2
+    leases = [await rlocks.lock(f"{base}{i}", ttl=ttl, on_lost="raise").acquire()
+              for i in range(24)]
+    try:
+        victims = random.Random(7).sample(range(24), 8)
+        for i in victims:
+            await asyncio.sleep(random.random() * 0.15)
+            assert await rlocks.lock(f"{base}{i}").force_release()
+        await asyncio.sleep(ttl / 3 + SLACK)
+        lost = sorted(i for i, le in enumerate(leases) if le.lost)
+        assert lost == sorted(victims), f"lost {lost}, revoked {sorted(victims)}"
+        await asyncio.sleep(ttl)
+        assert sorted(i for i, le in enumerate(leases) if le.lost) == sorted(victims)
+    finally:
+        for le in leases:
+            await le.release()
