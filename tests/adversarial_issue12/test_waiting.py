@@ -42,3 +42,27 @@ async def test_campaign_granted_after_a_wait_longer_than_ttl_is_live(elocks: aio
         assert leader is not None and leader.token == term.token
     finally:
         await term.release()
+
+
+async def test_permit_and_write_granted_after_a_long_wait_are_live(hlocks: aiolock.Locks,
+                                                                   name: str) -> None:
+    """The same for a semaphore permit and a write lock (SPEC §3: "give out leases with
+    fencing tokens and watchdog renewal")."""
+    from aiolock import Capability
+    makers = []
+    if Capability.SEMAPHORE in hlocks.capabilities:
+        makers.append(lambda: hlocks.semaphore(name + "s", limit=1, ttl=TTL))
+    if Capability.RWLOCK in hlocks.capabilities:
+        makers.append(lambda: hlocks.rwlock(name + "w", ttl=TTL).write())
+    for make in makers:
+        first = await asyncio.create_task(make().acquire())
+        waiter = asyncio.create_task(make().acquire(timeout=10))
+        await asyncio.sleep(TTL * 1.6)
+        await first.release()
+        lease = await waiter
+        try:
+            assert not lease.lost, "granted a lease already lost"
+            await asyncio.sleep(TTL)
+            assert not lease.lost
+        finally:
+            await lease.release()
