@@ -98,10 +98,9 @@ def log(message: str) -> None:
 Cycle = Callable[[], Awaitable[None]]
 
 
-@contextlib.asynccontextmanager
-async def floor_session(url: str) -> AsyncIterator[Cycle]:
-    client = aioredis.Redis.from_url(url)
-    sha = await client.script_load(CAD)
+def _cad_cycle(request: Callable[..., Awaitable[Any]], sha: str, key: str) -> Cycle:
+    """The floor's cycle over ``request(*command)``: SET NX PX of a fresh token, then
+    compare-and-delete (the loaded ``CAD`` script)."""
     value = os.urandom(8).hex()
     counter = 0
 
@@ -109,11 +108,18 @@ async def floor_session(url: str) -> AsyncIterator[Cycle]:
         nonlocal counter
         counter += 1
         token = f"{value}:{counter}"
-        await client.set("bench:a:floor", token, nx=True, px=30_000)
-        await client.evalsha(sha, 1, "bench:a:floor", token)
+        await request("SET", key, token, "NX", "PX", 30_000)
+        await request("EVALSHA", sha, 1, key, token)
 
+    return cycle
+
+
+@contextlib.asynccontextmanager
+async def floor_session(url: str) -> AsyncIterator[Cycle]:
+    client = aioredis.Redis.from_url(url)
+    sha = await client.script_load(CAD)
     try:
-        yield cycle
+        yield _cad_cycle(client.execute_command, sha, "bench:a:floor")
     finally:
         await client.aclose()
 
@@ -159,18 +165,8 @@ async def lean_floor_session(url: str) -> AsyncIterator[Cycle]:
         _LeanProtocol, parts.hostname, parts.port
     )
     sha = await proto.request("SCRIPT", "LOAD", CAD)
-    value = os.urandom(8).hex()
-    counter = 0
-
-    async def cycle() -> None:
-        nonlocal counter
-        counter += 1
-        token = f"{value}:{counter}"
-        await proto.request("SET", "bench:a:lean", token, "NX", "PX", 30_000)
-        await proto.request("EVALSHA", sha, 1, "bench:a:lean", token)
-
     try:
-        yield cycle
+        yield _cad_cycle(proto.request, sha, "bench:a:lean")
     finally:
         assert proto.transport is not None
         proto.transport.close()
