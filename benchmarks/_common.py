@@ -266,6 +266,34 @@ def measure(records: list[Record], seconds: float, nprocs: int,
     )
 
 
+def timed_runs(workers: Workers, nprocs: int, seconds: float, runs: int, tmp: Path,
+               sample: Callable[[], dict[str, float]]) -> list[Run]:
+    """A warm-up, then ``runs`` timed runs of ``seconds``; closes the workers. ``sample``:
+    the server's counters, taken before and after each run; a Run's ``counters`` are their
+    deltas per acquisition, and ``cpu_us`` the workers' CPU microseconds per acquisition."""
+    out: list[Run] = []
+    try:
+        workers.run(min(0.5, seconds), tmp)  # warm-up: connections, sessions, imports
+        for _ in range(runs):
+            before = sample()
+            records, total, cpu = workers.run(seconds, tmp)
+            after = sample()
+            n = max(total, 1)
+            counters = {k: (after[k] - v) / n for k, v in before.items()}
+            out.append(measure(records, seconds, nprocs, {**counters, "cpu_us": cpu / n * 1e6}))
+    finally:
+        workers.close()
+    return out
+
+
+def lead_cells(label: str, runs: list[Run]) -> str:
+    """The first cells of a process benchmark's row: implementation, acq/s, xproc/s and
+    handoff p50 / p99."""
+    return (f"| {label} | {median_range(runs, 'acq_s', ',.0f')} | "
+            f"{median_range(runs, 'xproc_s', ',.0f')} | {median_range(runs, 'p50', '.2f')} / "
+            f"{median_range(runs, 'p99', '.2f')} |")
+
+
 def median_range(runs: list[Run], attr: str, spec: str) -> str:
     """``median (min-max)`` of a field or a counter over the runs."""
     values = [r.counters[attr] if attr in r.counters else getattr(r, attr) for r in runs]

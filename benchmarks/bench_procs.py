@@ -30,6 +30,7 @@ A/B in the same run. Tables go to stdout, progress to stderr.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sys
 import tempfile
@@ -45,7 +46,7 @@ from _common import (
     Workers,
     checkout,
     go_commands,
-    measure,
+    lead_cells,
     median_range,
     peer_acquirer,
     procs_args,
@@ -55,6 +56,7 @@ from _common import (
     run_threads,
     spread,
     timed_loop,
+    timed_runs,
 )
 from _redis import RedisServer, command_stats
 
@@ -130,35 +132,23 @@ def bench(impl: str, path: str | None, url: str, nprocs: int, tasks: int, second
           runs: int, tmp: Path) -> list[Run]:
     import redis.asyncio as aioredis
 
+    async def count() -> int:
+        client = aioredis.Redis.from_url(url)
+        try:
+            return await server_commands(client)
+        finally:
+            await client.aclose()
+
     name = f"bench:procs:{impl}:{nprocs}x{tasks}:{uuid.uuid4().hex[:6]}"
     workers = Workers(__file__, [impl.split("@")[0], url, name, str(tasks)], nprocs, path)
-    out: list[Run] = []
-    try:
-        workers.run(min(0.5, seconds), tmp)  # warm-up: connections, scripts, subscriptions
-        for _ in range(runs):
-            async def count() -> int:
-                client = aioredis.Redis.from_url(url)
-                try:
-                    return await server_commands(client)
-                finally:
-                    await client.aclose()
-
-            before = asyncio.run(count())
-            records, total, _ = workers.run(seconds, tmp)
-            after = asyncio.run(count())
-            out.append(measure(records, seconds, nprocs, {"cmds": (after - before) / max(total, 1)}))
-    finally:
-        workers.close()
-    return out
+    return timed_runs(workers, nprocs, seconds, runs, tmp,
+                      lambda: {"cmds": float(asyncio.run(count()))})
 
 
 def row(label: str, runs: list[Run]) -> str:
-    def med(attr: str, spec: str) -> str:
-        return median_range(runs, attr, spec)
-
-    return (f"| {label} | {med('acq_s', ',.0f')} | {med('xproc_s', ',.0f')} | "
-            f"{med('p50', '.2f')} / {med('p99', '.2f')} | {med('wait_p99', '.1f')} | "
-            f"{med('cmds', '.1f')} | {spread(runs)} | {med('handoffs_s', ',.0f')} |")
+    med = functools.partial(median_range, runs)
+    return (f"{lead_cells(label, runs)} {med('wait_p99', '.1f')} | {med('cmds', '.1f')} | "
+            f"{spread(runs)} | {med('handoffs_s', ',.0f')} |")
 
 
 HEADER = ("| implementation | acq/s | xproc/s | handoff p50 / p99 ms | wait p99 ms | cmds/acq "

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import os
 import sys
@@ -66,7 +67,7 @@ from _common import (  # noqa: E402
     checkout,
     fmt,
     go_commands,
-    measure,
+    lead_cells,
     median_range,
     parse_go,
     peer_acquirer,
@@ -77,6 +78,7 @@ from _common import (  # noqa: E402
     run_threads,
     spread,
     timed_loop,
+    timed_runs,
 )
 
 TTL = 30
@@ -161,14 +163,15 @@ def worker(impl: str, hosts: str, name: str, tasks: int, profile: str) -> None:
 
 # -- the driver ----------------------------------------------------------------------------------
 
-def server_counts(port: int) -> tuple[int, int]:
+def server_counts(port: int) -> dict[str, float]:
     from tests.zk_server import four_letter  # (the driver puts the repository on the path)
 
     stats = {}
     for line in four_letter(port, "mntr", 2.0).splitlines():
         key, _, value = line.partition("\t")
         stats[key] = value
-    return int(stats["zk_packets_received"]), sum(int(stats[k]) for k in WATCH_METRICS)
+    return {"reqs": int(stats["zk_packets_received"]),
+            "watches": sum(int(stats[k]) for k in WATCH_METRICS)}
 
 
 def bench(impl: str, hosts: str, port: int, nprocs: int, tasks: int, seconds: float,
@@ -176,28 +179,12 @@ def bench(impl: str, hosts: str, port: int, nprocs: int, tasks: int, seconds: fl
     name = f"procs-{impl.replace('@', '-')}-{nprocs}x{tasks}-{uuid.uuid4().hex[:6]}"
     prof = f"{profile}-{impl}" if profile and impl != "kazoo" else ""
     workers = Workers(__file__, [impl.split("@")[0], hosts, name, str(tasks), prof], nprocs, path)
-    out: list[Run] = []
-    try:
-        workers.run(min(0.5, seconds), tmp)  # warm-up: sessions, paths, imports
-        for _ in range(runs):
-            before = server_counts(port)
-            records, total, cpu = workers.run(seconds, tmp)
-            after = server_counts(port)
-            n = max(total, 1)
-            out.append(measure(records, seconds, nprocs, {
-                "reqs": (after[0] - before[0]) / n, "watches": (after[1] - before[1]) / n,
-                "cpu_us": cpu / n * 1e6}))
-    finally:
-        workers.close()
-    return out
+    return timed_runs(workers, nprocs, seconds, runs, tmp, lambda: server_counts(port))
 
 
 def row(label: str, runs: list[Run]) -> str:
-    def med(attr: str, spec: str) -> str:
-        return median_range(runs, attr, spec)
-
-    return (f"| {label} | {med('acq_s', ',.0f')} | {med('xproc_s', ',.0f')} | "
-            f"{med('p50', '.2f')} / {med('p99', '.2f')} | {fmt(max(r.max_handoff for r in runs), '.1f')}"
+    med = functools.partial(median_range, runs)
+    return (f"{lead_cells(label, runs)} {fmt(max(r.max_handoff for r in runs), '.1f')}"
             f" / {fmt(max(r.max_local for r in runs), '.1f')} | {med('wait_p99', '.1f')} | "
             f"{med('reqs', '.2f')} | {med('watches', '.2f')} | {med('cpu_us', ',.0f')} | "
             f"{spread(runs)} | {med('handoffs_s', ',.0f')} |")
