@@ -120,7 +120,7 @@ async def run_workers(procs: Procs, url: str, name: str, nprocs: int, ntasks: in
         await w.say(f"GO {start + duration}")
     for w in workers:
         assert await w.finish(duration + 30) == 0, w.output()
-    return start, [[tuple(r) for r in map(json.loads, f.read_text().splitlines())]  # type: ignore[misc]
+    return start, [[tuple(r) for r in map(json.loads, f.read_text().splitlines())]
                    for f in files]
 
 
