@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import itertools
 import json
 import os
@@ -15,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,110 @@ def repeat_sync(cycle: Callable[[], None], n: int) -> float:
     for _ in range(n):
         cycle()
     return time.perf_counter() - start
+
+
+def log(message: str) -> None:
+    """A progress line, to stderr."""
+    print(f"  .. {message}", file=sys.stderr, flush=True)
+
+
+def lease_cycle(lock: aiolock.Lock) -> Cycle:
+    """One acquire+release of an aiolock lock."""
+
+    async def cycle() -> None:
+        lease = await lock.acquire()
+        await lease.release()
+
+    return cycle
+
+
+def peer_cycle(lock: Any) -> Cycle:
+    """One acquire+release of a peer's lock object (``acquire()`` / ``release()``)."""
+
+    async def cycle() -> None:
+        await lock.acquire()
+        await lock.release()
+
+    return cycle
+
+
+def sync_cycle(lock: Any) -> Callable[[], None]:
+    """One acquire+release of a synchronous peer's lock object."""
+
+    def cycle() -> None:
+        lock.acquire()
+        lock.release()
+
+    return cycle
+
+
+@dataclass(frozen=True)
+class Uncontended:
+    """An implementation in an uncontended run: ``session(...)`` yields a cycle (a
+    context manager, an async one unless ``sync``)."""
+
+    label: str
+    session: Callable[..., Any]
+    sync: bool = False
+
+
+@dataclass
+class Rates:
+    """An implementation's cycles per second, one a round, or the error that stopped it."""
+
+    label: str
+    rates: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.rates) if self.rates else float("nan")
+
+
+def round_order(n: int, rnd: int) -> list[int]:
+    """The order of ``n`` implementations in round ``rnd``: reversed every other round, so
+    that none always runs first (a shared machine's load drifts)."""
+    return list(range(n))[::-1] if rnd % 2 else list(range(n))
+
+
+class Exclusion:
+    """Holders counted at once, thread-safe (a threaded peer shares it): the most at
+    once, how many acquisitions found another holder in, and the contenders' errors."""
+
+    def __init__(self) -> None:
+        self.guard = threading.Lock()
+        self.holders = 0
+        self.max_holders = 0
+        self.violations = 0
+        self.errors: list[str] = []
+
+    def _count_in(self) -> None:
+        """One more holder (call with ``guard`` held)."""
+        self.holders += 1
+        self.max_holders = max(self.max_holders, self.holders)
+        if self.holders > 1:
+            self.violations += 1
+
+    def leave(self) -> None:
+        with self.guard:
+            self.holders -= 1
+
+
+async def await_contenders(tasks: list[asyncio.Task[None]], timeout: float, grace: float,
+                           errors: list[str]) -> None:
+    """Wait ``timeout`` s for the contenders; any still waiting then is a hang: cancelled,
+    and reported in ``errors`` with where one of them was."""
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    if pending:
+        where = io.StringIO()
+        next(iter(pending)).print_stack(file=where)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        errors.append(
+            f"{len(pending)} contender(s) still waiting {grace:g} s after the deadline (hang); "
+            f"one of them was at:\n{where.getvalue()}"
+        )
 
 
 async def release_lease(lease: aiolock.Lease) -> None:

@@ -82,7 +82,6 @@ from _common import (  # noqa: E402
 )
 
 TTL = 30
-WATCH_METRICS = tuple(f"zk_sum_node_{e}_watch_count" for e in ("created", "deleted", "changed", "children"))
 
 
 # -- the worker side ---------------------------------------------------------------------------
@@ -164,14 +163,10 @@ def worker(impl: str, hosts: str, name: str, tasks: int, profile: str) -> None:
 # -- the driver ----------------------------------------------------------------------------------
 
 def server_counts(port: int) -> dict[str, float]:
-    from tests.zk_server import four_letter  # (the driver puts the repository on the path)
+    from tests.zk_server import packets_and_watches  # (the driver puts the repository on the path)
 
-    stats = {}
-    for line in four_letter(port, "mntr", 2.0).splitlines():
-        key, _, value = line.partition("\t")
-        stats[key] = value
-    return {"reqs": int(stats["zk_packets_received"]),
-            "watches": sum(int(stats[k]) for k in WATCH_METRICS)}
+    reqs, watches = packets_and_watches(port)
+    return {"reqs": reqs, "watches": watches}
 
 
 def bench(impl: str, hosts: str, port: int, nprocs: int, tasks: int, seconds: float,

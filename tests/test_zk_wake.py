@@ -17,7 +17,7 @@ import pytest
 import aiolock
 
 from ._workers import Procs, longest_waits, procs, run_workers  # noqa: F401 -- fixture
-from .zk_server import ZooKeeperServer, four_letter, zookeeper_classpath
+from .zk_server import ZooKeeperServer, packets_and_watches, zookeeper_classpath
 
 pytest.importorskip("aiozk")
 
@@ -27,8 +27,6 @@ if zookeeper_classpath() is None:
 pytestmark = pytest.mark.timeout(120)
 
 PROCS = Path(__file__).parent / "procs"
-WATCH_METRICS = tuple(f"zk_sum_node_{e}_watch_count" for e in ("created", "deleted", "changed", "children"))
-
 #: One waiting process: connect, print READY; on a line from stdin print WAITING, acquire
 #: NAME once (timeout 20 s), print ACQUIRED <token>, hold HOLD_MS, release, print DONE.
 WAITER = """
@@ -52,14 +50,8 @@ asyncio.run(main())
 """
 
 
-def _mntr(server: ZooKeeperServer) -> tuple[int, int]:
-    """(packets received, watchers triggered) so far: the server is standalone and ours."""
-    stats = dict(line.partition("\t")[::2] for line in four_letter(server.port, "mntr", 2.0).splitlines())
-    return int(stats["zk_packets_received"]), sum(int(stats[k]) for k in WATCH_METRICS)
-
-
 async def _counts(server: ZooKeeperServer) -> tuple[int, int]:
-    return await asyncio.to_thread(_mntr, server)
+    return await asyncio.to_thread(packets_and_watches, server.port)
 
 
 @pytest.fixture

@@ -55,6 +55,17 @@ def four_letter(port: int, cmd: str, timeout: float = 1.0) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
+#: the ``mntr`` counters of triggered watchers, one per kind of watch
+WATCH_METRICS = tuple(f"zk_sum_node_{e}_watch_count" for e in ("created", "deleted", "changed", "children"))
+
+
+def packets_and_watches(port: int) -> tuple[int, int]:
+    """(requests received, watchers triggered) so far, from ``mntr``: on a private
+    standalone server, what the clients under test caused (pings included)."""
+    stats = dict(line.partition("\t")[::2] for line in four_letter(port, "mntr", 2.0).splitlines())
+    return int(stats["zk_packets_received"]), sum(int(stats[k]) for k in WATCH_METRICS)
+
+
 class ZooKeeperServer(ServerProcess):
     """A standalone ZooKeeper server child process on a free loopback port."""
 
