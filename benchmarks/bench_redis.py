@@ -34,10 +34,8 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import io
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import threading
@@ -54,7 +52,24 @@ from urllib.parse import urlsplit
 import hiredis
 import redis
 import redis.asyncio as aioredis
-from _common import fmt, percentile, release_lease, releaser, repeat, repeat_sync
+from _common import (
+    Cycle,
+    Exclusion,
+    Rates,
+    Uncontended,
+    await_contenders,
+    fmt,
+    lease_cycle,
+    log,
+    peer_cycle,
+    percentile,
+    release_lease,
+    releaser,
+    repeat,
+    repeat_sync,
+    round_order,
+    sync_cycle,
+)
 from _redis import RedisServer, RequestCounter, command_stats, stats_delta
 
 import aiolock
@@ -89,19 +104,11 @@ FULL = Settings(5, 2000, 300, 5.0, 2.0, 10_000, 3.0, 30.0, 500)
 QUICK = Settings(5, 500, 200, 2.0, 1.0, 10_000, 3.0, 10.0, 500)
 
 
-def log(message: str) -> None:
-    print(f"  .. {message}", file=sys.stderr, flush=True)
-
-
 # -- (a) uncontended: one session per implementation yields a `cycle` ----------------------
 
-Cycle = Callable[[], Awaitable[None]]
-
-
-@contextlib.asynccontextmanager
-async def floor_session(url: str) -> AsyncIterator[Cycle]:
-    client = aioredis.Redis.from_url(url)
-    sha = await client.script_load(CAD)
+def _cad_cycle(request: Callable[..., Awaitable[Any]], sha: str, key: str) -> Cycle:
+    """The floor's cycle over ``request(*command)``: SET NX PX of a fresh token, then
+    compare-and-delete (the loaded ``CAD`` script)."""
     value = os.urandom(8).hex()
     counter = 0
 
@@ -109,11 +116,18 @@ async def floor_session(url: str) -> AsyncIterator[Cycle]:
         nonlocal counter
         counter += 1
         token = f"{value}:{counter}"
-        await client.set("bench:a:floor", token, nx=True, px=30_000)
-        await client.evalsha(sha, 1, "bench:a:floor", token)
+        await request("SET", key, token, "NX", "PX", 30_000)
+        await request("EVALSHA", sha, 1, key, token)
 
+    return cycle
+
+
+@contextlib.asynccontextmanager
+async def floor_session(url: str) -> AsyncIterator[Cycle]:
+    client = aioredis.Redis.from_url(url)
+    sha = await client.script_load(CAD)
     try:
-        yield cycle
+        yield _cad_cycle(client.execute_command, sha, "bench:a:floor")
     finally:
         await client.aclose()
 
@@ -159,18 +173,8 @@ async def lean_floor_session(url: str) -> AsyncIterator[Cycle]:
         _LeanProtocol, parts.hostname, parts.port
     )
     sha = await proto.request("SCRIPT", "LOAD", CAD)
-    value = os.urandom(8).hex()
-    counter = 0
-
-    async def cycle() -> None:
-        nonlocal counter
-        counter += 1
-        token = f"{value}:{counter}"
-        await proto.request("SET", "bench:a:lean", token, "NX", "PX", 30_000)
-        await proto.request("EVALSHA", sha, 1, "bench:a:lean", token)
-
     try:
-        yield cycle
+        yield _cad_cycle(proto.request, sha, "bench:a:lean")
     finally:
         assert proto.transport is not None
         proto.transport.close()
@@ -179,26 +183,14 @@ async def lean_floor_session(url: str) -> AsyncIterator[Cycle]:
 @contextlib.asynccontextmanager
 async def aiolock_session(url: str) -> AsyncIterator[Cycle]:
     async with aiolock.connect(url) as locks:
-        lock = locks.lock("bench:a:aiolock", ttl=TTL, watchdog=True)
-
-        async def cycle() -> None:
-            lease = await lock.acquire()
-            await lease.release()
-
-        yield cycle
+        yield lease_cycle(locks.lock("bench:a:aiolock", ttl=TTL, watchdog=True))
 
 
 @contextlib.asynccontextmanager
 async def redis_py_session(url: str) -> AsyncIterator[Cycle]:
     client = aioredis.Redis.from_url(url)
-    lock = client.lock("bench:a:redis-py", timeout=TTL)
-
-    async def cycle() -> None:
-        await lock.acquire()
-        await lock.release()
-
     try:
-        yield cycle
+        yield peer_cycle(client.lock("bench:a:redis-py", timeout=TTL))
     finally:
         await client.aclose()
 
@@ -206,23 +198,10 @@ async def redis_py_session(url: str) -> AsyncIterator[Cycle]:
 @contextlib.contextmanager
 def redis_lock_session(url: str) -> Iterator[Callable[[], None]]:
     client = redis.Redis.from_url(url)
-    lock = redis_lock.Lock(client, "bench:a:redis_lock", expire=int(TTL), auto_renewal=True)
-
-    def cycle() -> None:
-        lock.acquire()
-        lock.release()
-
     try:
-        yield cycle
+        yield sync_cycle(redis_lock.Lock(client, "bench:a:redis_lock", expire=int(TTL), auto_renewal=True))
     finally:
         client.close()
-
-
-@dataclass(frozen=True)
-class Uncontended:
-    label: str
-    session: Callable[[str], Any]
-    sync: bool = False
 
 
 async def timed_cycles(
@@ -242,16 +221,9 @@ async def timed_cycles(
 
 
 @dataclass
-class UncontendedResult:
-    label: str
-    rates: list[float] = field(default_factory=list)
+class UncontendedResult(Rates):
     server_cmds: float | None = None  # per cycle, from commandstats over all rounds
     requests: float | None = None  # per cycle, from the MONITOR pass
-    error: str | None = None
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.rates) if self.rates else float("nan")
 
 
 async def bench_uncontended(
@@ -261,11 +233,7 @@ async def bench_uncontended(
     results = [UncontendedResult(impl.label) for impl in impls]
     cmds: list[Counter[str]] = [Counter() for _ in impls]
     for rnd in range(s.rounds):
-        # alternate the order too, so no implementation always runs first
-        order = list(range(len(impls)))
-        if rnd % 2:
-            order.reverse()
-        for i in order:
+        for i in round_order(len(impls), rnd):
             impl, res = impls[i], results[i]
             if res.error:
                 continue
@@ -296,29 +264,22 @@ async def bench_uncontended(
 # -- (b) contention ----------------------------------------------------------------------
 
 
-class Tally:
+class Tally(Exclusion):
     """What the contenders saw; thread-safe, so the threaded peer can share it."""
 
     def __init__(self, deadline: float) -> None:
+        super().__init__()
         self.deadline = deadline
-        self.guard = threading.Lock()
-        self.holders = 0
-        self.max_holders = 0
-        self.violations = 0
         self.last: int | None = None
         self.acquisitions = 0  # all, including the ones after the deadline
         self.in_window = 0
         self.handoffs = 0
         self.waits: list[float] = []
-        self.errors: list[str] = []
 
     def enter(self, who: int, waited: float) -> None:
         now = time.perf_counter()
         with self.guard:
-            self.holders += 1
-            self.max_holders = max(self.max_holders, self.holders)
-            if self.holders > 1:
-                self.violations += 1
+            self._count_in()
             self.acquisitions += 1
             self.waits.append(waited)
             if now < self.deadline:
@@ -326,10 +287,6 @@ class Tally:
                 if self.last is not None and self.last != who:
                     self.handoffs += 1
             self.last = who
-
-    def leave(self) -> None:
-        with self.guard:
-            self.holders -= 1
 
 
 Acquire = Callable[[], Awaitable[Any]]
@@ -353,17 +310,7 @@ async def contend_async(handles: list[tuple[Acquire, Release]], seconds: float) 
             tally.errors.append(traceback.format_exc())
 
     tasks = [asyncio.create_task(worker(i, *h)) for i, h in enumerate(handles)]
-    _, pending = await asyncio.wait(tasks, timeout=seconds + 60)
-    if pending:
-        where = io.StringIO()
-        next(iter(pending)).print_stack(file=where)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        tally.errors.append(
-            f"{len(pending)} task(s) still waiting 60 s after the deadline (hang); "
-            f"one of them was at:\n{where.getvalue()}"
-        )
+    await await_contenders(tasks, seconds + 60, 60, tally.errors)
     return tally
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import io
 import os
 import platform
 import statistics
@@ -52,9 +51,26 @@ import aiolock
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # for tests/zk_server.py
 
-from _common import fmt, percentile, release_lease, releaser, repeat, repeat_sync  # noqa: E402
+from _common import (  # noqa: E402
+    Cycle,
+    Exclusion,
+    Rates,
+    Uncontended,
+    await_contenders,
+    fmt,
+    lease_cycle,
+    log,
+    peer_cycle,
+    percentile,
+    release_lease,
+    releaser,
+    repeat,
+    repeat_sync,
+    round_order,
+    sync_cycle,
+)
 
-from tests.zk_server import ZooKeeperServer, four_letter  # noqa: E402
+from tests.zk_server import ZooKeeperServer, four_letter, packets_and_watches  # noqa: E402
 
 try:
     from kazoo.client import KazooClient
@@ -65,7 +81,6 @@ TTL = 30.0  # aiolock lease length, seconds
 CONTENDERS = 16  # in (b)
 WARMUP = 100  # untimed cycles before each timed run in (a)
 GRACE = 15.0  # (b) how long past the deadline a contender may still be waiting before it is a hang
-WATCH_METRICS = tuple(f"zk_sum_node_{e}_watch_count" for e in ("created", "deleted", "changed", "children"))
 
 
 @dataclass(frozen=True)
@@ -78,10 +93,6 @@ class Settings:
 
 FULL = Settings(5, 1000, 3.0, 3)
 QUICK = Settings(5, 300, 1.5, 3)
-
-
-def log(message: str) -> None:
-    print(f"  .. {message}", file=sys.stderr, flush=True)
 
 
 # -- server counters -----------------------------------------------------------------------
@@ -99,22 +110,11 @@ class Counts:
         return Counts(self.packets + other.packets, self.watches + other.watches)
 
 
-def _mntr(port: int) -> Counts:
-    stats = {}
-    for line in four_letter(port, "mntr", 2.0).splitlines():
-        key, _, value = line.partition("\t")
-        stats[key] = value
-    return Counts(int(stats["zk_packets_received"]), sum(int(stats[k]) for k in WATCH_METRICS))
-
-
 async def server_counts(server: ZooKeeperServer) -> Counts:
-    return await asyncio.to_thread(_mntr, server.port)
+    return Counts(*await asyncio.to_thread(packets_and_watches, server.port))
 
 
 # -- (a) uncontended: one session per implementation yields a `cycle` ----------------------
-
-Cycle = Callable[[], Awaitable[None]]
-
 
 @contextlib.asynccontextmanager
 async def floor_session(hosts: str, base: str) -> AsyncIterator[Cycle]:
@@ -137,27 +137,15 @@ async def floor_session(hosts: str, base: str) -> AsyncIterator[Cycle]:
 @contextlib.asynccontextmanager
 async def aiolock_session(hosts: str, base: str) -> AsyncIterator[Cycle]:
     async with aiolock.connect(f"zookeeper://{hosts}{base}-aiolock") as locks:
-        lock = locks.lock("a", ttl=TTL)
-
-        async def cycle() -> None:
-            lease = await lock.acquire()
-            await lease.release()
-
-        yield cycle
+        yield lease_cycle(locks.lock("a", ttl=TTL))
 
 
 @contextlib.asynccontextmanager
 async def aiozk_session(hosts: str, base: str) -> AsyncIterator[Cycle]:
     client = aiozk.ZKClient(hosts)
     await client.start()
-    lock = client.recipes.Lock(f"{base}/a-aiozk")
-
-    async def cycle() -> None:
-        await lock.acquire()
-        await lock.release()
-
     try:
-        yield cycle
+        yield peer_cycle(client.recipes.Lock(f"{base}/a-aiozk"))
     finally:
         await client.close()
 
@@ -166,24 +154,11 @@ async def aiozk_session(hosts: str, base: str) -> AsyncIterator[Cycle]:
 def kazoo_session(hosts: str, base: str) -> Iterator[Callable[[], None]]:
     zk = KazooClient(hosts=hosts)
     zk.start(timeout=15)
-    lock = zk.Lock(f"{base}/a-kazoo", "bench")
-
-    def cycle() -> None:
-        lock.acquire()
-        lock.release()
-
     try:
-        yield cycle
+        yield sync_cycle(zk.Lock(f"{base}/a-kazoo", "bench"))
     finally:
         zk.stop()
         zk.close()
-
-
-@dataclass(frozen=True)
-class Uncontended:
-    label: str
-    session: Callable[[str, str], Any]
-    sync: bool = False
 
 
 def _timed_sync(impl: Uncontended, hosts: str, base: str, n: int) -> float:
@@ -202,15 +177,8 @@ async def timed_cycles(impl: Uncontended, hosts: str, base: str, n: int) -> floa
 
 
 @dataclass
-class UncontendedResult:
-    label: str
-    rates: list[float] = field(default_factory=list)
+class UncontendedResult(Rates):
     counts: Counts = Counts(0, 0)  # over all rounds, warm-up and session set-up included
-    error: str | None = None
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.rates) if self.rates else float("nan")
 
 
 async def bench_uncontended(
@@ -218,10 +186,7 @@ async def bench_uncontended(
 ) -> list[UncontendedResult]:
     results = [UncontendedResult(impl.label) for impl in impls]
     for rnd in range(s.rounds):
-        order = list(range(len(impls)))
-        if rnd % 2:  # alternate the order, so no implementation always runs first
-            order.reverse()
-        for i in order:
+        for i in round_order(len(impls), rnd):
             impl, res = impls[i], results[i]
             if res.error:
                 continue
@@ -244,22 +209,18 @@ async def bench_uncontended(
 # -- (b) handoff ----------------------------------------------------------------------------
 
 
-class Tally:
+class Tally(Exclusion):
     """What the contenders saw; thread-safe, so the threaded peer can share it."""
 
     def __init__(self, seconds: float) -> None:
+        super().__init__()
         self.seconds = seconds
         self.start = time.monotonic()
         self.deadline = self.start + seconds
-        self.guard = threading.Lock()
-        self.holders = 0
-        self.max_holders = 0
-        self.violations = 0
         # one entry per acquisition, in acquisition order (which mutual exclusion makes total)
         self.who: list[int] = []
         self.acquired: list[float] = []
         self.released: list[float | None] = []
-        self.errors: list[str] = []
 
     def begin(self) -> None:
         self.start = time.monotonic()
@@ -268,18 +229,11 @@ class Tally:
     def enter(self, who: int) -> int:
         now = time.monotonic()
         with self.guard:
-            self.holders += 1
-            self.max_holders = max(self.max_holders, self.holders)
-            if self.holders > 1:
-                self.violations += 1
+            self._count_in()
             self.who.append(who)
             self.acquired.append(now)
             self.released.append(None)
             return len(self.who) - 1
-
-    def leave(self) -> None:
-        with self.guard:
-            self.holders -= 1
 
     def done(self, index: int) -> None:
         """The ``release()`` call of acquisition ``index`` returned."""
@@ -324,17 +278,7 @@ async def contend_async(handles: list[tuple[Acquire, Release]], seconds: float) 
 
     tally.begin()
     tasks = [asyncio.create_task(worker(i, *h)) for i, h in enumerate(handles)]
-    _, pending = await asyncio.wait(tasks, timeout=seconds + GRACE)
-    if pending:
-        where = io.StringIO()
-        next(iter(pending)).print_stack(file=where)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        tally.errors.append(
-            f"{len(pending)} contender(s) still waiting {GRACE:g} s after the deadline (hang); "
-            f"one of them was at:\n{where.getvalue()}"
-        )
+    await await_contenders(tasks, seconds + GRACE, GRACE, tally.errors)
     return tally
 
 

@@ -45,54 +45,48 @@ package; kazoo's rows need ``kazoo``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
+import functools
 import itertools
-import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _common import fmt, percentile  # noqa: E402
+from _common import (  # noqa: E402
+    Record,
+    Run,
+    Workers,
+    checkout,
+    fmt,
+    go_commands,
+    lead_cells,
+    median_range,
+    parse_go,
+    peer_acquirer,
+    procs_args,
+    release_lease,
+    release_peer,
+    report,
+    run_threads,
+    spread,
+    timed_loop,
+    timed_runs,
+)
 
 TTL = 30
-WATCH_METRICS = tuple(f"zk_sum_node_{e}_watch_count" for e in ("created", "deleted", "changed", "children"))
-Record = tuple[float, float, float, int, int]  # call, acquired, release called, pid, task
 
 
 # -- the worker side ---------------------------------------------------------------------------
 # A worker opens its session(s) once and keeps them across runs: a run measures the steady
 # state, not session set-up (ZooKeeper's handshake and aiolock's chroot check).
-
-
-
-def _timed(records: list[Record], task: int, acquire: Any, release: Any) -> Any:
-    pid = os.getpid()
-
-    async def loop(stop: float) -> None:
-        while time.monotonic() < stop:
-            t0 = time.monotonic()
-            held = await acquire()
-            t1 = time.monotonic()
-            await asyncio.sleep(0)
-            t2 = time.monotonic()
-            await release(held)
-            records.append((t0, t1, t2, pid, task))
-
-    return loop
-
 
 async def _serve_async(impl: str, hosts: str, name: str, tasks: int, prof: Any) -> None:
     records: list[Record] = []
@@ -104,37 +98,23 @@ async def _serve_async(impl: str, hosts: str, name: str, tasks: int, prof: Any) 
             locks = await stack.enter_async_context(
                 aiolock.connect(f"zookeeper://{hosts}/bench-procs", connect_timeout=15))
             lock = locks.lock(name, ttl=TTL)
-
-            async def release_lease(lease: Any) -> None:
-                await lease.release()
-
-            loops = [_timed(records, i, lock.acquire, release_lease) for i in range(tasks)]
+            loops = [timed_loop(records, i, lock.acquire, release_lease) for i in range(tasks)]
         else:  # aiozk: one client, one recipe object per task (one may not serve two tasks)
             import aiozk
 
             client = aiozk.ZKClient(hosts)
             await client.start()
             stack.push_async_callback(client.close)
-
-            def acquirer(peer: Any) -> Any:
-                async def acquire() -> Any:
-                    await peer.acquire()
-                    return peer
-                return acquire
-
-            async def release_peer(peer: Any) -> None:
-                await peer.release()
-
             peers = [client.recipes.Lock(f"/bench-procs-aiozk/{name}") for _ in range(tasks)]
-            loops = [_timed(records, i, acquirer(p), release_peer) for i, p in enumerate(peers)]
+            loops = [timed_loop(records, i, peer_acquirer(p), release_peer)
+                     for i, p in enumerate(peers)]
         loop = asyncio.get_running_loop()
         print("READY", flush=True)
         for go in itertools.count():
-            line = await loop.run_in_executor(None, sys.stdin.readline)
-            words = line.split()
-            if not words or words[0] == "QUIT":
+            command = parse_go(await loop.run_in_executor(None, sys.stdin.readline))
+            if command is None:
                 return
-            stop, path = float(words[1]), words[2]
+            stop, path = command
             records.clear()
             cpu = time.process_time()
             if prof is not None and go:  # not the warm-up
@@ -142,7 +122,7 @@ async def _serve_async(impl: str, hosts: str, name: str, tasks: int, prof: Any) 
             await asyncio.gather(*(run(stop) for run in loops))
             if prof is not None:
                 prof.disable()
-            _report(path, records, time.process_time() - cpu)
+            report(path, records, time.process_time() - cpu)
 
 
 def _serve_threads(hosts: str, name: str, tasks: int) -> None:
@@ -152,38 +132,15 @@ def _serve_threads(hosts: str, name: str, tasks: int) -> None:
     client.start(timeout=15)
     records: list[Record] = []
     pid = os.getpid()
-
-    def loop(task: int, lock: Any, stop: float) -> None:
-        while time.monotonic() < stop:
-            t0 = time.monotonic()
-            lock.acquire()
-            t1 = time.monotonic()
-            t2 = time.monotonic()
-            lock.release()
-            records.append((t0, t1, t2, pid, task))
-
     locks = [client.Lock(f"/bench-procs-kazoo/{name}", f"{pid}-{i}") for i in range(tasks)]
     print("READY", flush=True)
-    for line in sys.stdin:
-        words = line.split()
-        if not words or words[0] == "QUIT":
-            break
-        stop, path = float(words[1]), words[2]
+    for stop, path in go_commands():
         records.clear()
         cpu = time.process_time()
-        threads = [threading.Thread(target=loop, args=(i, lk, stop)) for i, lk in enumerate(locks)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        _report(path, records, time.process_time() - cpu)
+        run_threads(records, locks, stop)
+        report(path, records, time.process_time() - cpu)
     client.stop()
     client.close()
-
-
-def _report(path: str, records: list[Record], cpu: float) -> None:
-    Path(path).write_text(json.dumps({"records": records, "cpu": cpu}))
-    print("DONE", flush=True)
 
 
 def worker(impl: str, hosts: str, name: str, tasks: int, profile: str) -> None:
@@ -205,150 +162,27 @@ def worker(impl: str, hosts: str, name: str, tasks: int, profile: str) -> None:
 
 # -- the driver ----------------------------------------------------------------------------------
 
-@dataclass
-class Run:
-    acq_s: float
-    xproc_s: float
-    p50: float
-    p99: float
-    wait_p99: float
-    reqs: float
-    watches: float
-    lo: int
-    hi: int
-    handoffs_s: float
-    max_handoff: float
-    max_local: float
-    cpu_us: float
+def server_counts(port: int) -> dict[str, float]:
+    from tests.zk_server import packets_and_watches  # (the driver puts the repository on the path)
 
-
-def measure(records: list[Record], seconds: float, nprocs: int, reqs: float, watches: float,
-            cpu_us: float) -> Run:
-    records.sort(key=lambda r: r[1])
-    cross: list[float] = []
-    local: list[float] = []
-    for a, b in itertools.pairwise(records):
-        if a[3] != b[3]:
-            cross.append((b[1] - a[2]) * 1000)
-        elif a[4] != b[4]:
-            local.append((b[1] - a[2]) * 1000)
-    per: dict[int, int] = {}
-    for r in records:
-        per[r[3]] = per.get(r[3], 0) + 1
-    counts = list(per.values()) + [0] * (nprocs - len(per))
-    waits = [(r[1] - r[0]) * 1000 for r in records]
-    return Run(
-        acq_s=len(records) / seconds, xproc_s=len(cross) / seconds,
-        p50=percentile(cross, 50), p99=percentile(cross, 99), wait_p99=percentile(waits, 99),
-        reqs=reqs, watches=watches, lo=min(counts), hi=max(counts),
-        handoffs_s=(len(cross) + len(local)) / seconds,
-        max_handoff=max(cross + local, default=0.0), max_local=max(local, default=0.0),
-        cpu_us=cpu_us,
-    )
-
-
-class Workers:
-    def __init__(self, impl: str, hosts: str, name: str, nprocs: int, tasks: int, profile: str,
-                 path: str | None = None) -> None:
-        env = dict(os.environ)
-        if path:  # aiolock as of another revision, first on the path
-            env["PYTHONPATH"] = path + os.pathsep + env.get("PYTHONPATH", "")
-        self.procs = [
-            subprocess.Popen(
-                [sys.executable, __file__, "--worker", impl.split("@")[0], hosts, name, str(tasks),
-                 profile],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-            )
-            for _ in range(nprocs)
-        ]
-        for p in self.procs:
-            self._expect(p, "READY")
-
-    def _expect(self, p: subprocess.Popen[str], word: str) -> None:
-        assert p.stdout is not None
-        line = p.stdout.readline()
-        if not line.startswith(word):
-            raise RuntimeError(f"worker said {line!r}, expected {word}")
-
-    def run(self, seconds: float, tmp: Path) -> tuple[list[Record], int, float]:
-        """The records of the last ``seconds`` of a run, how many acquisitions the whole
-        run made (the server's counters cover the whole run) and the CPU seconds used."""
-        stop = time.monotonic() + 0.3 + seconds  # a moment for every process to read GO
-        files = [tmp / f"{uuid.uuid4().hex}.json" for _ in self.procs]
-        for p, f in zip(self.procs, files, strict=True):
-            assert p.stdin is not None
-            p.stdin.write(f"GO {stop} {f}\n")
-            p.stdin.flush()
-        for p in self.procs:
-            self._expect(p, "DONE")
-        records: list[Record] = []
-        cpu = 0.0
-        for f in files:
-            got = json.loads(f.read_text())
-            records += [tuple(r) for r in got["records"]]  # type: ignore[misc]
-            cpu += got["cpu"]
-            f.unlink()
-        return [r for r in records if r[1] >= stop - seconds], len(records), cpu
-
-    def close(self) -> None:
-        for p in self.procs:
-            assert p.stdin is not None
-            try:
-                p.stdin.write("QUIT\n")
-                p.stdin.flush()
-            except BrokenPipeError:
-                pass
-        for p in self.procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-
-
-def server_counts(port: int) -> tuple[int, int]:
-    from tests.zk_server import four_letter  # (the driver puts the repository on the path)
-
-    stats = {}
-    for line in four_letter(port, "mntr", 2.0).splitlines():
-        key, _, value = line.partition("\t")
-        stats[key] = value
-    return int(stats["zk_packets_received"]), sum(int(stats[k]) for k in WATCH_METRICS)
+    reqs, watches = packets_and_watches(port)
+    return {"reqs": reqs, "watches": watches}
 
 
 def bench(impl: str, hosts: str, port: int, nprocs: int, tasks: int, seconds: float,
           runs: int, tmp: Path, profile: str, path: str | None = None) -> list[Run]:
     name = f"procs-{impl.replace('@', '-')}-{nprocs}x{tasks}-{uuid.uuid4().hex[:6]}"
     prof = f"{profile}-{impl}" if profile and impl != "kazoo" else ""
-    workers = Workers(impl, hosts, name, nprocs, tasks, prof, path)
-    out: list[Run] = []
-    try:
-        workers.run(min(0.5, seconds), tmp)  # warm-up: sessions, paths, imports
-        for _ in range(runs):
-            before = server_counts(port)
-            records, total, cpu = workers.run(seconds, tmp)
-            after = server_counts(port)
-            n = max(total, 1)
-            out.append(measure(records, seconds, nprocs, (after[0] - before[0]) / n,
-                               (after[1] - before[1]) / n, cpu / n * 1e6))
-    finally:
-        workers.close()
-    return out
+    workers = Workers(__file__, [impl.split("@")[0], hosts, name, str(tasks), prof], nprocs, path)
+    return timed_runs(workers, nprocs, seconds, runs, tmp, lambda: server_counts(port))
 
 
 def row(label: str, runs: list[Run]) -> str:
-    def med(attr: str, spec: str) -> str:
-        values = [getattr(r, attr) for r in runs]
-        return (f"{fmt(statistics.median(values), spec)} "
-                f"({fmt(min(values), spec)}-{fmt(max(values), spec)})")
-
-    ratio = [r.lo / r.hi if r.hi else 0.0 for r in runs]
-    mid = sorted(runs, key=lambda r: r.acq_s)[len(runs) // 2]
-    return (f"| {label} | {med('acq_s', ',.0f')} | {med('xproc_s', ',.0f')} | "
-            f"{med('p50', '.2f')} / {med('p99', '.2f')} | {fmt(max(r.max_handoff for r in runs), '.1f')}"
+    med = functools.partial(median_range, runs)
+    return (f"{lead_cells(label, runs)} {fmt(max(r.max_handoff for r in runs), '.1f')}"
             f" / {fmt(max(r.max_local for r in runs), '.1f')} | {med('wait_p99', '.1f')} | "
             f"{med('reqs', '.2f')} | {med('watches', '.2f')} | {med('cpu_us', ',.0f')} | "
-            f"{mid.lo:,} / {mid.hi:,} ({fmt(statistics.median(ratio), '.2f')}) | "
-            f"{med('handoffs_s', ',.0f')} |")
+            f"{spread(runs)} | {med('handoffs_s', ',.0f')} |")
 
 
 HEADER = ("| implementation | acq/s | xproc/s | handoff p50 / p99 ms | max handoff / in-proc ms "
@@ -363,13 +197,9 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from tests.zk_server import ZooKeeperServer, four_letter
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="1.5 s runs instead of 3 s")
-    ap.add_argument("--only", help="comma-separated implementations (default: all)")
-    ap.add_argument("--scenarios", default="16x1,8x4")
+    ap = procs_args(__doc__, "16x1,8x4")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--profile", help="cProfile the asyncio workers into this directory")
-    ap.add_argument("--before", help="also run aiolock as of this git revision")
     ap.add_argument("--grouped", action="store_true",
                     help="all runs of one implementation, then the next (as bench_procs.py)")
     args = ap.parse_args()
@@ -378,14 +208,9 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="aiolock-procs-zk-"))
     paths: dict[str, str | None] = {}
     if args.before and "aiolock" in impls:
-        before = tmp / "before"
-        before.mkdir()
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.before, "aiolock"],
-                                 capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(before)], input=archive, check=True)
         label = f"aiolock@{args.before[:9]}"
         impls.insert(impls.index("aiolock") + 1, label)
-        paths[label] = str(before)
+        paths[label] = checkout(ROOT, args.before, tmp)
     if "kazoo" in impls:
         try:
             import kazoo  # noqa: F401

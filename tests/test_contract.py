@@ -124,18 +124,25 @@ async def test_waiter_wakes_on_release_not_on_ttl(locks: aiolock.Locks, name: st
     assert waited[0] < 0.5, waited  # woken by the release, not by the 30 s ttl
 
 
+async def release_wakes_waiter(a: aiolock.Locks, b: aiolock.Locks, name: str, within: float) -> None:
+    """``a`` holds ``name`` (ttl 30 s) and ``b`` waits for it: the release hands it to ``b``
+    within ``within`` seconds (woken by the release, not by the ttl), with a larger token."""
+    lease = await a.lock(name, ttl=30).acquire()
+    waiter = asyncio.create_task(b.lock(name, ttl=30).acquire(timeout=10))
+    await asyncio.sleep(0.2)
+    assert not waiter.done()
+    released = time.monotonic()
+    await lease.release()
+    other = await waiter
+    assert time.monotonic() - released < within
+    assert other.token > lease.token
+    await other.release()
+
+
 async def test_wake_from_other_connection(backend_url: str, name: str) -> None:
     async with aiolock.connect(backend_url) as a, aiolock.connect(backend_url) as b:
         need(a, Capability.EVENTS)
-        lease = await a.lock(name, ttl=30).acquire()
-        task = asyncio.create_task(b.lock(name, ttl=30).acquire(timeout=5))
-        await asyncio.sleep(0.2)
-        started = time.monotonic()
-        await lease.release()
-        other = await task
-        assert time.monotonic() - started < 0.5
-        assert other.token > lease.token
-        await other.release()
+        await release_wakes_waiter(a, b, name, 0.5)
 
 
 async def test_watchdog_keeps_short_lease_alive(locks: aiolock.Locks, name: str) -> None:

@@ -12,17 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
-import os
 import random
 import signal
 import socket
-import sys
 import time
 import uuid
 import warnings
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -32,6 +29,7 @@ import redis.asyncio as aioredis
 
 import aiolock
 
+from ._workers import Procs, procs, run_workers  # noqa: F401 -- fixture
 from .servers import RedisServer
 
 PROCS = Path(__file__).parent / "procs"
@@ -40,80 +38,6 @@ pytestmark = pytest.mark.timeout(60)
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-class Proc:
-    """A helper script in tests/procs/ run with this interpreter; stdout read line by line."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, stderr: Path) -> None:
-        self.proc = proc
-        self.pid = proc.pid
-        self.stderr_path = stderr
-        self.lines: list[str] = []
-
-    async def expect(self, prefix: str, timeout: float) -> str:
-        """The next stdout line starting with ``prefix`` (earlier lines are kept)."""
-        assert self.proc.stdout is not None
-        async with asyncio.timeout(timeout):
-            while True:
-                raw = await self.proc.stdout.readline()
-                if not raw:
-                    raise AssertionError(f"process exited before {prefix!r}:\n{self.output()}")
-                line = raw.decode().rstrip("\n")
-                self.lines.append(line)
-                if line.startswith(prefix):
-                    return line
-
-    async def finish(self, timeout: float) -> int:
-        """Wait for exit, collecting the rest of stdout."""
-        assert self.proc.stdout is not None
-        async with asyncio.timeout(timeout):
-            rest = await self.proc.stdout.read()
-            self.lines += rest.decode().splitlines()
-            return await self.proc.wait()
-
-    def signal(self, sig: int) -> None:
-        os.kill(self.pid, sig)
-
-    def output(self) -> str:
-        err = self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
-        return "stdout:\n" + "\n".join(self.lines) + "\nstderr:\n" + err[-4000:]
-
-
-class Procs:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.running: list[Proc] = []
-
-    async def spawn(self, script: str, *args: str, stdin: bool = False) -> Proc:
-        stderr = self.tmp / f"{script}-{len(self.running)}.stderr"
-        with stderr.open("wb") as err:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, str(PROCS / script), *args,
-                stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=err,
-            )
-        p = Proc(proc, stderr)
-        self.running.append(p)
-        return p
-
-    async def cleanup(self) -> None:
-        for p in self.running:
-            if p.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGCONT)
-                    os.kill(p.pid, signal.SIGKILL)
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(p.proc.wait(), 5)
-
-
-@pytest.fixture
-async def procs(tmp_path: Path) -> AsyncIterator[Procs]:
-    p = Procs(tmp_path)
-    try:
-        yield p
-    finally:
-        await p.cleanup()
 
 
 @pytest.fixture
@@ -169,7 +93,7 @@ class Held:
 # -- 1. a holder process killed with SIGKILL ------------------------------------------------
 
 
-async def test_killed_holder_lease_expires_within_ttl(redis_url: str, name: str, procs: Procs) -> None:
+async def test_killed_holder_lease_expires_within_ttl(redis_url: str, name: str, procs: Procs) -> None:  # noqa: F811
     ttl = 1.5
     holder = await procs.spawn("holder.py", redis_url, name, str(ttl))
     old_token = int((await holder.expect("ACQUIRED", 15)).split()[1])
@@ -234,7 +158,7 @@ async def test_waiter_retries_promptly_when_holder_lease_runs_out(redis_url: str
 
 
 async def test_stopped_holder_loses_lease_and_never_writes_stale(
-    redis_url: str, name: str, procs: Procs
+    redis_url: str, name: str, procs: Procs  # noqa: F811
 ) -> None:
     ttl = 1.0
     key = f"fence:{name}"
@@ -295,30 +219,12 @@ async def test_stopped_holder_loses_lease_and_never_writes_stale(
 
 
 async def test_mutual_exclusion_across_processes(
-    redis_url: str, name: str, procs: Procs, tmp_path: Path
+    redis_url: str, name: str, procs: Procs  # noqa: F811
 ) -> None:
     nprocs, ntasks, duration = 4, 8, 3.0
-    files = [tmp_path / f"worker-{i}.jsonl" for i in range(nprocs)]
-    workers = [
-        await procs.spawn("worker.py", redis_url, name, str(ntasks), str(f), stdin=True)
-        for f in files
-    ]
-    for w in workers:
-        await w.expect("READY", 20)
-    stop = time.monotonic() + duration
-    for w in workers:
-        assert w.proc.stdin is not None
-        w.proc.stdin.write(f"GO {stop}\n".encode())
-        await w.proc.stdin.drain()
-    for w in workers:
-        assert await w.finish(duration + 15) == 0, w.output()
-
-    records: list[tuple[int, float, float, int]] = []
-    per_proc = []
-    for f in files:
-        mine = [(t, a, b, pid) for t, a, b, pid in map(json.loads, f.read_text().splitlines())]
-        per_proc.append(len(mine))
-        records += mine
+    _, per_worker = await run_workers(procs, redis_url, name, nprocs, ntasks, duration)
+    per_proc = [len(mine) for mine in per_worker]
+    records = [r for mine in per_worker for r in mine]
     print(f"critical sections per process: {per_proc}")
     records.sort(key=lambda r: r[1])
     overlaps = [(a, b) for a, b in pairwise(records) if b[1] < a[2]]

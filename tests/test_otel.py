@@ -120,6 +120,13 @@ def url() -> str:
     return f"memory://otel-{uuid.uuid4().hex}"
 
 
+def assert_one_lock_lost(d: Delta, outcome: str) -> None:
+    """One lease lost, a memory lock's, for ``outcome``; none held any more."""
+    assert d.get("aiolock.leases.lost", backend="memory", kind="lock", outcome=outcome) == 1
+    assert d.get("aiolock.leases.lost") == 1
+    assert d.get("aiolock.leases.held") == 0
+
+
 NAME = "orders:otel-secret-name-7f3a"  # must never appear in a metric attribute
 
 
@@ -265,9 +272,7 @@ async def test_lost_revoked_and_renewal_duration(otel: Telemetry) -> None:
         assert await lock.force_release()
         await asyncio.wait_for(lease.wait_lost(), 2)
         assert lease.lost
-    assert d.get("aiolock.leases.lost", backend="memory", kind="lock", outcome="revoked") == 1
-    assert d.get("aiolock.leases.lost") == 1
-    assert d.get("aiolock.leases.held") == 0
+    assert_one_lock_lost(d, "revoked")
 
 
 async def test_lost_gone_when_the_server_dropped_it(otel: Telemetry) -> None:
@@ -277,8 +282,7 @@ async def test_lost_gone_when_the_server_dropped_it(otel: Telemetry) -> None:
         locks.backend._store.resources.clear()  # type: ignore[attr-defined]  # e.g. FLUSHALL
         with pytest.raises(aiolock.LockLost):
             await lease.extend()
-    assert d.get("aiolock.leases.lost", backend="memory", kind="lock", outcome="gone") == 1
-    assert d.get("aiolock.leases.held") == 0
+    assert_one_lock_lost(d, "gone")
 
 
 async def test_lost_closed_when_the_connection_closes_under_a_lease(otel: Telemetry) -> None:

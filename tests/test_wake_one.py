@@ -7,9 +7,6 @@ private redis-server, and the server itself counts what they ask (``INFO command
 from __future__ import annotations
 
 import asyncio
-import json
-import time
-from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -17,8 +14,9 @@ import redis.asyncio as aioredis
 import aiolock
 from aiolock.backends import redis as redis_backend
 
+from ._workers import Procs, longest_waits, procs, run_workers  # noqa: F401 -- fixture
 from .servers import RedisServer
-from .test_faults_redis import Procs, own_server, procs  # noqa: F401 -- fixtures
+from .test_faults_redis import own_server  # noqa: F401 -- fixture
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -68,7 +66,7 @@ async def test_each_release_wakes_one_waiting_process(
 
 
 async def test_every_process_gets_in_within_a_bounded_number_of_handoffs(
-    own_server: RedisServer, procs: Procs, tmp_path: Path  # noqa: F811
+    own_server: RedisServer, procs: Procs  # noqa: F811
 ) -> None:
     """P processes x T tasks loop on one lock. In the order of acquisitions (tokens), a
     process never goes more than a bounded number of acquisitions without one of its own:
@@ -76,36 +74,9 @@ async def test_every_process_gets_in_within_a_bounded_number_of_handoffs(
     another waits, so each other process waits at most (P - 1) turns of LOCAL_HANDOFFS + 1.
     Before, one process could keep it for hundreds of acquisitions in a row."""
     nprocs, ntasks, duration, warmup = 4, 3, 2.5, 0.5
-    files = [tmp_path / f"worker-{i}.jsonl" for i in range(nprocs)]
-    workers = [
-        await procs.spawn("worker.py", own_server.url, "fair-share", str(ntasks), str(f), stdin=True)
-        for f in files
-    ]
-    for w in workers:
-        await w.expect("READY", 20)
-    start = time.monotonic()
-    stop = start + duration
-    for w in workers:
-        assert w.proc.stdin is not None
-        w.proc.stdin.write(f"GO {stop}\n".encode())
-        await w.proc.stdin.drain()
-    for w in workers:
-        assert await w.finish(duration + 20) == 0, w.output()
-    records = sorted(
-        (token, t0, pid)
-        for f in files for token, t0, _t1, pid in map(json.loads, f.read_text().splitlines())
-    )
-    steady = [pid for _token, t0, pid in records if t0 > start + warmup]
-    per_proc = {pid: steady.count(pid) for pid in set(steady)}
-    assert len(per_proc) == nprocs, f"a process never got in after the warm-up: {per_proc}"
-    gaps = {pid: 0 for pid in per_proc}
-    worst = dict(gaps)
-    for pid in steady:
-        for other in gaps:
-            gaps[other] = 0 if other == pid else gaps[other] + 1
-            worst[other] = max(worst[other], gaps[other])
+    start, records = await run_workers(procs, own_server.url, "fair-share", nprocs, ntasks, duration)
+    per_proc, worst = longest_waits(records, start + warmup, nprocs)
     bound = 2 * (nprocs - 1) * (LOCAL_HANDOFFS + 1)  # x2: barging newcomers, timing
-    print(f"acquisitions per process {sorted(per_proc.values())}, longest waits {sorted(worst.values())}")
     longest = max(worst.values())
     assert longest <= bound, f"a process waited {longest} acquisitions (bound {bound})"
     assert min(per_proc.values()) >= 0.3 * max(per_proc.values()), per_proc

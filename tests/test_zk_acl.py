@@ -129,15 +129,22 @@ def test_credentials_from_the_url_and_keywords() -> None:
 # -- ACLs on the nodes -------------------------------------------------------------------
 
 
+async def _held(locks: aiolock.Locks, **options: Any) -> tuple[ZooKeeperBackend, aiolock.Lease, str, str]:
+    """Lock ``n`` acquired: the backend, the lease, the lock's parent path and the name of
+    its one node there."""
+    backend = locks.backend
+    assert isinstance(backend, ZooKeeperBackend)
+    lease = await locks.lock("n", **options).acquire()
+    parent = backend._parent("n")
+    (node,) = await backend._children(parent)
+    return backend, lease, parent, node
+
+
 async def test_every_node_is_acld_to_the_identity(
     zk_server: ZooKeeperServer, chroot: str, admin: ZooKeeperBackend
 ) -> None:
     async with aiolock.connect(_url(zk_server, chroot, "alice")) as locks:
-        backend = locks.backend
-        assert isinstance(backend, ZooKeeperBackend)
-        lease = await locks.lock("n").acquire()
-        parent = backend._parent("n")
-        (node,) = await admin._children(parent)
+        backend, lease, parent, node = await _held(locks)
         want = {("digest", _digest("alice", PASSWORD), ALL), ("world", "anyone", READ)}
         for path in (chroot, parent, f"{parent}/{node}"):
             # (read as alice: the server shows others a digest as 'alice:x')
@@ -264,11 +271,7 @@ async def test_release_renew_and_status_denied(
     zk_server: ZooKeeperServer, chroot: str, admin: ZooKeeperBackend
 ) -> None:
     async with aiolock.connect(_url(zk_server, chroot, "alice")) as alice:
-        backend = alice.backend
-        assert isinstance(backend, ZooKeeperBackend)
-        lease = await alice.lock("n", ttl=10, watchdog=False).acquire()
-        parent = backend._parent("n")
-        (node,) = await backend._children(parent)
+        backend, lease, parent, node = await _held(alice, ttl=10, watchdog=False)
         read_only = _make_acl(("world", "anyone", READ))
         # an operator takes alice's rights away (she may: she has 'a' on them)
         await backend._send(zkproto.SetACLRequest(path=f"{parent}/{node}", acl=read_only, version=-1))

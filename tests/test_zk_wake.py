@@ -8,18 +8,16 @@ the server itself counts what happened (``mntr``: watchers triggered, packets re
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 import aiolock
 
-from .zk_server import ZooKeeperServer, four_letter, zookeeper_classpath
+from ._workers import Procs, longest_waits, procs, run_workers  # noqa: F401 -- fixture
+from .zk_server import ZooKeeperServer, packets_and_watches, zookeeper_classpath
 
 pytest.importorskip("aiozk")
 
@@ -29,8 +27,6 @@ if zookeeper_classpath() is None:
 pytestmark = pytest.mark.timeout(120)
 
 PROCS = Path(__file__).parent / "procs"
-WATCH_METRICS = tuple(f"zk_sum_node_{e}_watch_count" for e in ("created", "deleted", "changed", "children"))
-
 #: One waiting process: connect, print READY; on a line from stdin print WAITING, acquire
 #: NAME once (timeout 20 s), print ACQUIRED <token>, hold HOLD_MS, release, print DONE.
 WAITER = """
@@ -54,14 +50,8 @@ asyncio.run(main())
 """
 
 
-def _mntr(server: ZooKeeperServer) -> tuple[int, int]:
-    """(packets received, watchers triggered) so far: the server is standalone and ours."""
-    stats = dict(line.partition("\t")[::2] for line in four_letter(server.port, "mntr", 2.0).splitlines())
-    return int(stats["zk_packets_received"]), sum(int(stats[k]) for k in WATCH_METRICS)
-
-
 async def _counts(server: ZooKeeperServer) -> tuple[int, int]:
-    return await asyncio.to_thread(_mntr, server)
+    return await asyncio.to_thread(packets_and_watches, server.port)
 
 
 @pytest.fixture
@@ -69,50 +59,8 @@ def url(zk_server: ZooKeeperServer) -> str:
     return f"zookeeper://{zk_server.hosts}/aiolock-{uuid.uuid4().hex[:8]}"
 
 
-class _Proc:
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: list[str] = []
-
-    async def expect(self, word: str, timeout: float) -> str:
-        assert self.proc.stdout is not None
-        async with asyncio.timeout(timeout):
-            while True:
-                raw = await self.proc.stdout.readline()
-                if not raw:
-                    raise AssertionError(f"process ended; said {self.lines}")
-                line = raw.decode().strip()
-                self.lines.append(line)
-                if line.startswith(word):
-                    return line
-
-    async def say(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(f"{line}\n".encode())
-        await self.proc.stdin.drain()
-
-
-@pytest.fixture
-async def spawn() -> AsyncIterator[list[_Proc]]:
-    running: list[_Proc] = []
-    yield running
-    for p in running:
-        if p.proc.returncode is None:
-            p.proc.kill()
-        await p.proc.wait()
-
-
-async def _start(running: list[_Proc], *args: str) -> _Proc:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-    )
-    p = _Proc(proc)
-    running.append(p)
-    return p
-
-
 async def test_each_release_wakes_one_waiting_process(
-    zk_server: ZooKeeperServer, url: str, spawn: list[_Proc]
+    zk_server: ZooKeeperServer, url: str, procs: Procs  # noqa: F811
 ) -> None:
     """P processes wait on a lock held here; it is released and each of them then takes
     it once, in turn. The server triggers exactly one watcher per release that has a
@@ -121,7 +69,7 @@ async def test_each_release_wakes_one_waiting_process(
     release that does not grant it."""
     nprocs = 6
     name = "wake-one"
-    waiters = [await _start(spawn, "-c", WAITER, url, name, "20") for _ in range(nprocs)]
+    waiters = [await procs.spawn("-c", WAITER, url, name, "20", stdin=True) for _ in range(nprocs)]
     for w in waiters:
         await w.expect("READY", 30)
     async with aiolock.connect(url) as locks:
@@ -142,7 +90,7 @@ async def test_each_release_wakes_one_waiting_process(
             await w.expect("DONE", 20)
         packets2, watches2 = await _counts(zk_server)
     for w in waiters:
-        assert await asyncio.wait_for(w.proc.wait(), 20) == 0
+        assert await w.finish(20) == 0, w.output()
     fired = watches2 - watches
     requests = packets2 - packets - 1  # (less our own release)
     print(f"{fired} watches fired and {requests} requests for {nprocs} hand-offs")
@@ -157,7 +105,7 @@ async def test_each_release_wakes_one_waiting_process(
 
 
 async def test_every_process_gets_in_within_a_bounded_number_of_handoffs(
-    zk_server: ZooKeeperServer, url: str, spawn: list[_Proc], tmp_path: Path
+    url: str, procs: Procs  # noqa: F811
 ) -> None:
     """P processes x T tasks loop on one lock. Only one task per process waits on the
     server (the others queue behind it in the process), and the server's queue is FIFO:
@@ -165,33 +113,9 @@ async def test_every_process_gets_in_within_a_bounded_number_of_handoffs(
     processes' acquisitions without one of its own, plus one for a task of its that
     has just released and asks again (x2 for timing slack)."""
     nprocs, ntasks, duration, warmup = 4, 3, 2.5, 0.5
-    files = [tmp_path / f"worker-{i}.jsonl" for i in range(nprocs)]
-    workers = [await _start(spawn, str(PROCS / "worker.py"), url, "fair-share", str(ntasks), str(f))
-               for f in files]
-    for w in workers:
-        await w.expect("READY", 30)
-    start = time.monotonic()
-    stop = start + duration
-    for w in workers:
-        await w.say(f"GO {stop}")
-    for w in workers:
-        await w.expect("DONE", duration + 30)
-        assert await asyncio.wait_for(w.proc.wait(), 20) == 0
-    records = sorted(
-        (token, t0, pid)
-        for f in files for token, t0, _t1, pid in map(json.loads, f.read_text().splitlines())
-    )
-    steady = [pid for _token, t0, pid in records if t0 > start + warmup]
-    per_proc = {pid: steady.count(pid) for pid in set(steady)}
-    assert len(per_proc) == nprocs, f"a process never got in after the warm-up: {per_proc}"
-    gaps = {pid: 0 for pid in per_proc}
-    worst = dict(gaps)
-    for pid in steady:
-        for other in gaps:
-            gaps[other] = 0 if other == pid else gaps[other] + 1
-            worst[other] = max(worst[other], gaps[other])
+    start, records = await run_workers(procs, url, "fair-share", nprocs, ntasks, duration)
+    per_proc, worst = longest_waits(records, start + warmup, nprocs)
     bound = 2 * nprocs
-    print(f"acquisitions per process {sorted(per_proc.values())}, longest waits {sorted(worst.values())}")
     longest = max(worst.values())
     assert longest <= bound, f"a process waited {longest} acquisitions (bound {bound})"
     assert min(per_proc.values()) >= 0.5 * max(per_proc.values()), per_proc

@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Self
 
+from ._proc import ServerGroup, serve_forever
 from .servers import ServerProcess, free_port
 
 JAVA_DIR = Path("/usr/share/java")
@@ -52,6 +53,17 @@ def four_letter(port: int, cmd: str, timeout: float = 1.0) -> str:
                 break
             chunks.append(chunk)
     return b"".join(chunks).decode(errors="replace")
+
+
+#: the ``mntr`` counters of triggered watchers, one per kind of watch
+WATCH_METRICS = tuple(f"zk_sum_node_{e}_watch_count" for e in ("created", "deleted", "changed", "children"))
+
+
+def packets_and_watches(port: int) -> tuple[int, int]:
+    """(requests received, watchers triggered) so far, from ``mntr``: on a private
+    standalone server, what the clients under test caused (pings included)."""
+    stats = dict(line.partition("\t")[::2] for line in four_letter(port, "mntr", 2.0).splitlines())
+    return int(stats["zk_packets_received"]), sum(int(stats[k]) for k in WATCH_METRICS)
 
 
 class ZooKeeperServer(ServerProcess):
@@ -182,7 +194,7 @@ class _QuorumPeer(ZooKeeperServer):
             )
 
 
-class ZooKeeperEnsemble:
+class ZooKeeperEnsemble(ServerGroup["_QuorumPeer"]):
     """``size`` ZooKeeper quorum peers on loopback, each our own child process.
 
     ``ZooKeeperEnsemble(size=3).start()`` returns once a quorum serves (one leader, the
@@ -213,6 +225,7 @@ class ZooKeeperEnsemble:
         self.quorum_ports = self._distinct_ports(size, avoid=self.client_ports)
         self.election_ports = self._distinct_ports(size, avoid=self.client_ports + self.quorum_ports)
         self.peers = [_QuorumPeer(self, i + 1, port) for i, port in enumerate(self.client_ports)]
+        self.members = self.peers
 
     @staticmethod
     def _distinct_ports(n: int, avoid: list[int] | None = None) -> list[int]:
@@ -273,10 +286,6 @@ class ZooKeeperEnsemble:
         return [server_mode(p.port, 0.5) if self.running(i) else None
                 for i, p in enumerate(self.peers)]
 
-    def running(self, i: int) -> bool:
-        proc = self.peers[i].proc
-        return proc is not None and proc.poll() is None
-
     def wait_quorum(self, timeout: float = 60.0) -> None:
         """Wait until a leader serves and every running peer is leader or follower."""
         deadline = time.monotonic() + timeout
@@ -305,10 +314,6 @@ class ZooKeeperEnsemble:
                 raise RuntimeError(f"no ZooKeeper leader within {timeout}s (modes {modes})")
             time.sleep(0.1)
 
-    def kill(self, i: int) -> None:
-        """``kill -9`` peer ``i`` (its data stays, for :meth:`restart`)."""
-        self.peers[i].kill()
-
     def restart(self, i: int, timeout: float = 60.0) -> None:
         """Start peer ``i`` again (after :meth:`kill`, or killing it first); return once it
         serves again as leader or follower."""
@@ -326,18 +331,5 @@ class ZooKeeperEnsemble:
                 raise RuntimeError(f"ZooKeeper peer {i} did not rejoin within {timeout}s")
             time.sleep(0.1)
 
-    def close(self) -> None:
-        for peer in self.peers:
-            peer.close()
-
-
 if __name__ == "__main__":  # manual use: python -m tests.zk_server
-    server = ZooKeeperServer().start()
-    print(server.url, flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()
+    serve_forever(ZooKeeperServer())
