@@ -243,3 +243,39 @@ async def test_release_whose_reply_was_late_is_a_release(
             threading.Timer(0.7, own_sentinel.master.resume).start()
         assert lease.released and not lease.lost
         assert not await lock.locked()
+
+
+# -- revocation ----------------------------------------------------------------------------
+
+
+async def test_waiter_handed_a_lock_revoked_before_it_heard_waits_on(
+    redis_sentinel: RedisSentinelServers, name: str
+) -> None:
+    """A revocation hands the lock to the waiter; a second revokes it before the waiter
+    (which asks the server before believing a hand-off) has heard. The waiter never held
+    it for its caller: its acquire must still end in a lease (or LockTimeout), not in
+    LockError("... abandoned")."""
+    async with aiolock.connect(redis_sentinel.url) as holder, \
+            aiolock.connect(redis_sentinel.url) as waiter, \
+            aiolock.connect(redis_sentinel.url) as operator:
+        first = await holder.lock(name, ttl=1.5).acquire()
+        op = operator.lock(name)
+        await asyncio.gather(op.locked(), op.locked())  # two connections, both open
+        task = asyncio.create_task(waiter.lock(name, ttl=10).acquire(timeout=3))
+        await until("the waiter is registered",
+                    lambda: _waiters(operator, name), timeout=3)
+        # both sent at once: the second runs before the waiter's next request can
+        revoked = await asyncio.gather(op.force_release(), op.force_release())
+        assert revoked == [True, True]
+        lease = await task
+        try:
+            assert lease.token > first.token + 1  # not the token revoked under it
+            assert not lease.lost
+            assert await waiter.lock(name).locked()
+        finally:
+            await lease.release()
+        await asyncio.wait_for(first.wait_lost(), 3)
+
+
+async def _waiters(locks: aiolock.Locks, name: str) -> bool:
+    return (await locks.status(name)).waiters > 0

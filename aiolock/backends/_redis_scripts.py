@@ -160,7 +160,12 @@ end
 #:                              registered, within a third of the waiter ttl); token:
 #:                              the holder's (or the counter's), which a grant message
 #:                              for this claim must exceed to be believed
-#:          {-1}                the claim was abandoned, released or revoked
+#:          {-1}                the claim was abandoned or released
+#:
+#: A revocation mark ('v') on the claim's waiter key does not end it: a waiter handed
+#: the lock (by a release or a revocation) that was revoked before the waiter heard of
+#: it never held it for its caller, so it waits on (registers again, or takes a free
+#: lock with a new token); revocation concerns holders, whose renewals answer it.
 ACQUIRE = Script("acquire", LIB + WAITER + """
 local me = ARGV[1]
 local info = ARGV[6] or ''
@@ -173,7 +178,7 @@ local wttl = tonumber(ARGV[4])
 local retry, seen
 if not lock[1] then
   local x = redis.call('get', KEYS[5])
-  if x and not registration(x) then return {-1} end
+  if x and not registration(x) and x ~= 'v' then return {-1} end
   local head = false
   if ARGV[3] == '1' then  -- fair: only the first live waiter may take a free lock
     head = redis.call('lindex', KEYS[3], 0)
@@ -200,7 +205,7 @@ end
 if wttl > 0 then
   local value = ARGV[2] .. '|' .. #ARGV[5] .. '|' .. ARGV[5] .. info
   local old = redis.call('set', KEYS[5], value, 'PX', wttl, 'GET')
-  if old and not registration(old) then  -- a tombstone (or marker): put it back
+  if old and not registration(old) and old ~= 'v' then  -- a tombstone (or marker): put it back
     redis.call('set', KEYS[5], old, 'PX', math.max(60000, 2 * ttl))
     return {-1}
   end

@@ -38,11 +38,6 @@ elocks = locks_fixture("elocks", "elect_url")
 # file) -> the one-line symptom. Each is marked xfail(strict=True): the suite stays green,
 # the defect visible, and a fix turns the entry into an error to delete.
 KNOWN_DEFECTS: dict[str, str] = {
-    "test_revoke_races_acquire_and_release[redis-sentinel-fair]":
-        "Sentinel: the same with fair=True",
-    "test_revoke_races_acquire_and_release[redis-sentinel-plain]":
-        "Sentinel: force_release() racing acquire/release of 4 tasks makes acquire(timeout) "
-        "raise LockError('claim on ... was abandoned') instead of a lease or LockTimeout",
 }
 
 # Each test runs by default on these backends only (those where it found a defect, and a
