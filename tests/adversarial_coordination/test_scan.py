@@ -177,11 +177,6 @@ async def _refuses_scan(locks: aiolock.Locks) -> None:
             pass
 
 
-async def test_scan_refused_on_row_mode(pg_url: str) -> None:
-    async with aiolock.connect(pg_url + "?mode=row") as locks:
-        await _refuses_scan(locks)
-
-
 async def test_scan_refused_on_memcached(memcached_server: MemcachedServer) -> None:
     async with aiolock.connect(memcached_server.url) as locks:
         await _refuses_scan(locks)
