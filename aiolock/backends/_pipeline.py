@@ -162,6 +162,12 @@ class PipelinedProtocol(asyncio.Protocol):
             self._timer = loop.call_later(self._timeout - late, self._check, loop)
 
 
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a finished connect task's exception as retrieved (the callers see it)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class PipelinedClient(abc.ABC, Generic[P]):
     """Connects lazily (and again after a loss) and sends requests, pipelined."""
 
@@ -201,6 +207,9 @@ class PipelinedClient(abc.ABC, Generic[P]):
             return proto
         if self._connecting is None or self._connecting.done():
             self._connecting = asyncio.ensure_future(self._connect())
+            # whoever awaited it may be gone (cancelled) when it fails: retrieve the
+            # exception here so asyncio never logs "Task exception was never retrieved"
+            self._connecting.add_done_callback(_retrieve)
         try:
             self._proto = await asyncio.shield(self._connecting)
         finally:
