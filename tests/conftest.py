@@ -129,9 +129,15 @@ def locks_fixture(name: str, url: str) -> Any:
     return pytest.fixture(name=name)(_needing(fixture, url))
 
 
-scenario = rows_fixture("scenario", params(), "One row of the backend table (tests/scenarios.py).")
-backend_url = url_fixture("backend_url", "scenario")
-locks = locks_fixture("locks", "backend_url")
+def backend_fixtures(row: str, url: str, conn: str, rows: list[Any], doc: str) -> tuple[Any, Any, Any]:
+    """The three fixtures a backend-parametrized test takes: ``row`` (a row of ``rows``,
+    ``scenarios.params(...)``), ``url`` (its server's URL) and ``conn`` (``aiolock.connect``
+    to it). Assign them to module names: ``a_row, a_url, a_locks = backend_fixtures(...)``."""
+    return rows_fixture(row, rows, doc), url_fixture(url, row), locks_fixture(conn, url)
+
+
+scenario, backend_url, locks = backend_fixtures(
+    "scenario", "backend_url", "locks", params(), "One row of the backend table (tests/scenarios.py).")
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 
 from aiolock import Capability
 
-from ..conftest import locks_fixture, rows_fixture, url_fixture
+from ..conftest import backend_fixtures, rows_fixture, url_fixture
 from ..pg_server import PostgresServer
 from ..scenarios import params
 
@@ -20,14 +20,12 @@ def pg_url(postgres_server: PostgresServer) -> str:
 
 
 # each backend once (not again on another topology), chosen by what its class declares
-coord_scenario = rows_fixture("coord_scenario", params(Capability.HOLDERS, topologies=False),
-                              "Backends that declare HOLDERS (the tests check the other capabilities).")
-coord_url = url_fixture("coord_url", "coord_scenario")
-coord = locks_fixture("coord", "coord_url")
-elect_scenario = rows_fixture("elect_scenario", params(Capability.ELECTION, topologies=False),
-                              "Backends that declare ELECTION.")
-elect_url = url_fixture("elect_url", "elect_scenario")
-elocks = locks_fixture("elocks", "elect_url")
+coord_scenario, coord_url, coord = backend_fixtures(
+    "coord_scenario", "coord_url", "coord", params(Capability.HOLDERS, topologies=False),
+    "Backends that declare HOLDERS (the tests check the other capabilities).")
+elect_scenario, elect_url, elocks = backend_fixtures(
+    "elect_scenario", "elect_url", "elocks", params(Capability.ELECTION, topologies=False),
+    "Backends that declare ELECTION.")
 shared_scenario = rows_fixture(
     "shared_scenario", params(Capability.ELECTION, Capability.DISTRIBUTED, topologies=False),
     "A server-backed ELECTION backend, shared across processes.")

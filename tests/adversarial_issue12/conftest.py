@@ -10,28 +10,21 @@ import pytest
 
 from aiolock import Capability
 
-from ..conftest import locks_fixture, rows_fixture, url_fixture
+from ..conftest import backend_fixtures
 from ..scenarios import Scenario, params
 
-holders_row = rows_fixture("holders_row", params(Capability.HOLDERS, topologies=False),
-                           "Backends declaring HOLDERS.")
-holders_url = url_fixture("holders_url", "holders_row")
-hlocks = locks_fixture("hlocks", "holders_url")
-
-revoke_row = rows_fixture("revoke_row", params(Capability.REVOKE, topologies=False),
-                          "Backends declaring REVOKE.")
-revoke_url = url_fixture("revoke_url", "revoke_row")
-rlocks = locks_fixture("rlocks", "revoke_url")
-
-scan_row = rows_fixture("scan_row", params(Capability.SCAN, topologies=False),
-                        "Backends declaring SCAN.")
-scan_url = url_fixture("scan_url", "scan_row")
-slocks = locks_fixture("slocks", "scan_url")
-
-elect_row = rows_fixture("elect_row", params(Capability.ELECTION, topologies=False),
-                         "Backends declaring ELECTION.")
-elect_url = url_fixture("elect_url", "elect_row")
-elocks = locks_fixture("elocks", "elect_url")
+holders_row, holders_url, hlocks = backend_fixtures(
+    "holders_row", "holders_url", "hlocks", params(Capability.HOLDERS, topologies=False),
+    "Backends declaring HOLDERS.")
+revoke_row, revoke_url, rlocks = backend_fixtures(
+    "revoke_row", "revoke_url", "rlocks", params(Capability.REVOKE, topologies=False),
+    "Backends declaring REVOKE.")
+scan_row, scan_url, slocks = backend_fixtures(
+    "scan_row", "scan_url", "slocks", params(Capability.SCAN, topologies=False),
+    "Backends declaring SCAN.")
+elect_row, elect_url, elocks = backend_fixtures(
+    "elect_row", "elect_url", "elocks", params(Capability.ELECTION, topologies=False),
+    "Backends declaring ELECTION.")
 
 
 # Defects these tests found that are still open: test id (as pytest shows it, without the
