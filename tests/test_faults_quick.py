@@ -11,7 +11,9 @@ Lease lapses in fault-free holds and stalls detected on wake have no margin.
 
 Runs all nine backends (redis, redis-aof, zookeeper, postgres, memcached, zookeeper-3,
 redlock, redis-cluster, and Sentinel as ``redis-sentinel-wait``, i.e. with
-``wait_replicas=1``; about 90 s on an idle 2-core machine, 3 at a time).
+``wait_replicas=1``), all at once: the workers mostly wait (about 40 s of CPU in all), so
+the run takes about as long as its longest backend (Sentinel, about 45 s; 70 s four at a
+time, 90 s three at a time).
 ``AIOLOCK_FAULTS_BACKENDS=a,b`` runs another set. Sentinel without ``wait_replicas`` is
 left to the on-demand runs: after a failover that lost token increments its tokens
 restart lower (documented), and every access until the counter catches up reads as
@@ -23,8 +25,8 @@ not failures: ``value`` counts only the judged ones.
 
 Skips cleanly when a server binary is missing (the harness reports the backend skipped).
 
-The election mode (``--election``) runs on the backends that declare ELECTION (about 15 s
-for PostgreSQL, MySQL and etcd, at once); its figures from the fault-free probes (leaks,
+The election mode (``--election``) runs on the backends that declare ELECTION (about 22 s
+for the seven, at once); its figures from the fault-free probes (leaks,
 lapses, timeouts) are lock figures and are not taken.
 """
 
@@ -61,8 +63,9 @@ def run_quick(tmp_path: Path, backends: str, *more: str, timeout: float = 380) -
     """``python -m tests.faults --quick`` on ``backends``; the report's backends that ran
     (skips the test when none could)."""
     out = tmp_path / "faults.json"
+    every = str(len(backends.split(","))) if backends else "9"
     done = subprocess.run(
-        [sys.executable, "-m", "tests.faults", "--quick", *more, "--json", str(out),
+        [sys.executable, "-m", "tests.faults", "--quick", *more, "--json", str(out), "--parallel", every,
          *(["--backends", backends] if backends else [])],
         cwd=ROOT, capture_output=True, text=True, timeout=timeout,
     )
@@ -118,8 +121,7 @@ def judge(ran: dict[str, Any]) -> None:
     assert rejected > 0, "no stale write was rejected on any backend: the faults did not bite\n" + stdout
 
 #: one column per backend (not its other topologies: the election code is the same); a
-#: backend runs once its class declares ELECTION (postgres, mysql, etcd today: ~16 s;
-#: all seven ~45 s, estimated)
+#: backend runs once its class declares ELECTION (all seven today, about 22 s at once)
 ELECTION_BACKENDS = "redis,zookeeper,postgres,memcached,redlock,mysql,etcd"
 
 
