@@ -258,8 +258,31 @@ class _Io(Backend):
         )
 
     async def _send(self, request: Any) -> Any:
-        # session.send, not client.send: the client caches the stat of every path forever
-        return await self._client.session.send(request)
+        """Send one request and return its reply (errors as ``aiozk``'s).
+
+        ``session.send``, not ``client.send``: the client caches the stat of every path
+        forever. On the clients made here (retry policy ``forever``) a connected
+        session's request goes straight to the connection: ``aiozk``'s ``send`` runs
+        three coroutines, a retry-policy entry and a heartbeat timer per request first.
+        A dropped connection falls back to ``session.send``, which waits for the
+        reconnect and sends again, as it would have.
+        """
+        session = self._client.session
+        conn = session.conn
+        if (self._repair is None or session.state.current_state is not States.CONNECTED
+                or conn is None or conn.closing):
+            return await session.send(request)
+        xid = session.xid + 1
+        if xid > 0x7FFFFFFF:  # (as aiozk: positive, 32-bit)
+            xid = 1
+        session.xid = xid
+        try:
+            zxid, response = await conn.send(request, xid=xid)
+        except zkexc.ConnectError:
+            return await session.send(request)
+        session.last_zxid = zxid
+        session.set_heartbeat()
+        return response
 
     # -- paths --------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from aiozk import protocol as zkproto
 from aiozk.connection import Connection as _ZKConnection
 from aiozk.connection import reply_header_struct as _REPLY_HEADER
 from aiozk.connection import size_struct as _SIZE
+from aiozk.session import HEARTBEAT_FREQUENCY as _HEARTBEAT_FREQUENCY
 from aiozk.states import States
 
 from ._options import Digest
@@ -138,10 +139,36 @@ class SessionRepair:
         #: the server refused our credentials (AuthFailed) on some connection
         self.auth_error: BaseException | None = None
         self._closing: set[asyncio.Task[Any]] = set()
+        self._beat_due = 0.0  # when the next ping is due (loop time), see set_heartbeat
 
     def install(self) -> None:
         self.session.find_server = self.find_server
         self.session.establish_session = self.establish_session
+        self.session.set_heartbeat = self.set_heartbeat
+
+    def set_heartbeat(self) -> None:
+        """Ping ``timeout / 3`` after the last reply, as ``aiozk`` does, with one timer
+        moved lazily: ``aiozk`` cancels its timer and makes a new one after every reply
+        (a heap push and a cancelled handle per request)."""
+        session = self.session
+        loop = asyncio.get_running_loop()
+        due = loop.time() + session.timeout / _HEARTBEAT_FREQUENCY
+        self._beat_due = due
+        handle = session.heartbeat_handle
+        if handle is not None and not handle.cancelled():
+            if handle.when() <= due:
+                return  # it fires earlier and moves itself to ``due``
+            handle.cancel()  # the timeout shrank (a new session)
+        session.heartbeat_handle = loop.call_at(due, self._beat)
+
+    def _beat(self) -> None:
+        session = self.session
+        session.heartbeat_handle = None
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._beat_due:  # a reply came since: not idle yet
+            session.heartbeat_handle = loop.call_at(self._beat_due, self._beat)
+        else:
+            session.create_heartbeat()
 
     def _close_later(self, conn: Any) -> None:
         task = asyncio.get_running_loop().create_task(conn.close(self.session.timeout))
