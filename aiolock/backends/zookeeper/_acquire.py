@@ -108,8 +108,13 @@ class _Acquire(_Watches):
             return await self._grant(claim, state, path, False, started)
         state.queue = None
         if children is None:
-            listed = time.monotonic()
-            children = await self._children(parent)
+            prefetch, state.prefetch = state.prefetch, None
+            if prefetch is None:
+                listed = time.monotonic()
+                children = await self._children(parent)
+            else:
+                listed = prefetch[0]
+                children = await self._children(parent, prefetch[1])
         nodes = family_nodes(children, claim.kind)
         await self._delete_strays(claim, parent, path, nodes)
         me = path.rpartition("/")[2]
@@ -129,6 +134,23 @@ class _Acquire(_Watches):
         state.waited = listed
         state.queue, state.gone = live[: index + 1], set()
         return await self._wait_on(claim, state, parent, nodes, held, found.watch, created)
+
+    def _woken(self, claim: Claim, state: ClaimState) -> None:
+        """A deletion woke the claim's waiter: unless that grants it outright (``_freed``),
+        send the listing its next look needs now, not after the turns of the event
+        loop it takes the waiter to run (the wake-up is on the handoff's critical path).
+        It is a listing sent after the deletion all the same; its sending time is what
+        ``_look`` counts from."""
+        path = state.path
+        if state.prefetch is not None or path is None or state.sid != self._sid:
+            return
+        parent = path.rpartition("/")[0]
+        if self._freed(claim, state, parent):
+            return
+        listed = time.monotonic()  # (before the request: the listing shows it later)
+        sent = self._list_now(parent)
+        if sent is not None:
+            state.prefetch = (listed, sent)
 
     def _freed(self, claim: Claim, state: ClaimState, parent: str) -> bool:
         """The watches told of deletions that grant us, without a listing: no node can
@@ -152,7 +174,7 @@ class _Acquire(_Watches):
             state.forget_node()
             return None
         self._unwatch(claim)
-        state.creating, state.granted, state.queue = False, True, None
+        state.creating, state.granted, state.queue, state.prefetch = False, True, None, None
         return granted
 
     async def _place(

@@ -23,7 +23,7 @@ from ...errors import AccessDenied, BackendUnavailable, LockError
 from ._claim import state_of
 from ._options import check_chroot, check_hosts, credentials, node_acl
 from ._recipe import encode_data, zk_name
-from ._session import SessionRepair
+from ._session import SessionRepair, retrieved
 from ._wire import Children, Create2, Delete, GetData, SetData
 
 log = logging.getLogger("aiolock.backends.zookeeper")
@@ -257,27 +257,39 @@ class _Io(Backend):
             f"Check the URL's credentials and the chroot's ACL"
         )
 
-    async def _send(self, request: Any) -> Any:
-        """Send one request and return its reply (errors as ``aiozk``'s).
+    def _send_now(self, request: Any) -> asyncio.Future[Any] | None:
+        """Write ``request`` now, if the session is connected (and the client is ours):
+        the future of its raw reply, for :meth:`_send`; None: send it with :meth:`_send`.
 
-        ``session.send``, not ``client.send``: the client caches the stat of every path
-        forever. On the clients made here (retry policy ``forever``) a connected
-        session's request goes straight to the connection: ``aiozk``'s ``send`` runs
-        three coroutines, a retry-policy entry and a heartbeat timer per request first.
-        A dropped connection falls back to ``session.send``, which waits for the
-        reconnect and sends again, as it would have.
+        ``aiozk``'s ``send`` runs three coroutines, a retry-policy entry and a heartbeat
+        timer per request before it writes; on the clients made here (retry policy
+        ``forever``) a connected session's request goes straight to the connection.
         """
         session = self._client.session
         conn = session.conn
         if (self._repair is None or session.state.current_state is not States.CONNECTED
                 or conn is None or conn.closing):
-            return await session.send(request)
+            return None
         xid = session.xid + 1
         if xid > 0x7FFFFFFF:  # (as aiozk: positive, 32-bit)
             xid = 1
         session.xid = xid
+        reply: asyncio.Future[Any] = conn.send(request, xid=xid)
+        return reply
+
+    async def _send(self, request: Any, sent: asyncio.Future[Any] | None = None) -> Any:
+        """Send one request (or await ``sent``, its :meth:`_send_now`) and return its
+        reply; errors as ``aiozk``'s. ``session.send``, not ``client.send``: the client
+        caches the stat of every path forever. A dropped connection falls back to
+        ``session.send``, which waits for the reconnect and sends again, as it would
+        have."""
+        session = self._client.session
+        if sent is None:
+            sent = self._send_now(request)
+            if sent is None:
+                return await session.send(request)
         try:
-            zxid, response = await conn.send(request, xid=xid)
+            zxid, response = await sent
         except zkexc.ConnectError:
             return await session.send(request)
         session.last_zxid = zxid
@@ -333,9 +345,24 @@ class _Io(Backend):
             return str(resp.path), int(resp.stat.created_zxid)
         raise LockError(f"could not create a node under {parent!r}")
 
-    async def _children(self, parent: str) -> list[str]:
+    def _list_now(self, parent: str) -> tuple[Any, asyncio.Future[Any]] | None:
+        """Send a listing of ``parent`` now (see :meth:`_send_now`): for ``_children``."""
+        request = Children(path=parent, watch=False)
+        sent = self._send_now(request)
+        if sent is None:
+            return None
+        sent.add_done_callback(retrieved)  # (dropped unread if the claim moves on)
+        return request, sent
+
+    async def _children(
+        self, parent: str, sent: tuple[Any, asyncio.Future[Any]] | None = None,
+    ) -> list[str]:
+        """The children of ``parent`` ([] if it is gone); ``sent``: from ``_list_now``."""
         try:
-            resp = await self._send(Children(path=parent, watch=False))
+            if sent is None:
+                resp = await self._send(Children(path=parent, watch=False))
+            else:
+                resp = await self._send(*sent)
         except zkexc.NoNode:
             return []
         return list(resp.children)

@@ -5,7 +5,8 @@ as it is).
 
 Tested with ``aiozk`` >= 0.32, < 0.33 (:data:`AIOZK_TESTED`): each repair replaces an
 ``aiozk`` method or reads one of its internals (``Connection.read_response``,
-``Session.find_server``/``establish_session``, ``Session.watch_callbacks``,
+``Session.find_server``/``establish_session``/``set_heartbeat``/``event_dispatch``,
+``Session.watch_callbacks``,
 ``Connection.read_loop_task``, ``opcode_xref``, ``pending_specials``); check them again
 before widening the range.
 """
@@ -16,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiozk import exc as zkexc
@@ -140,11 +141,25 @@ class SessionRepair:
         self.auth_error: BaseException | None = None
         self._closing: set[asyncio.Task[Any]] = set()
         self._beat_due = 0.0  # when the next ping is due (loop time), see set_heartbeat
+        #: the backend's handler of watch events: True if it handled one (see event_dispatch)
+        self.direct: Callable[[int, str], bool] | None = None
+        self._dispatch: Callable[[Any], None] = session.event_dispatch
 
     def install(self) -> None:
         self.session.find_server = self.find_server
         self.session.establish_session = self.establish_session
         self.session.set_heartbeat = self.set_heartbeat
+        self._dispatch = self.session.event_dispatch
+        self.session.event_dispatch = self.event_dispatch  # (read by find_server)
+
+    def event_dispatch(self, event: Any) -> None:
+        """A watch event, from the connection's reader: to :attr:`direct` first, which
+        handles it at once if it is its own (``aiozk`` runs every callback a turn of the
+        event loop later; a waiter's wake-up is on a handoff's critical path), else to
+        ``aiozk``'s dispatch."""
+        direct = self.direct
+        if not (event.type and direct is not None and direct(event.type, event.path)):
+            self._dispatch(event)
 
     def set_heartbeat(self) -> None:
         """Ping ``timeout / 3`` after the last reply, as ``aiozk`` does, with one timer
