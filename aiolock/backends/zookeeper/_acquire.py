@@ -34,6 +34,7 @@ from ._claim import ClaimState, state_of
 from ._recipe import KIND_PREFIX, Node, encode_data, family_nodes, holders, parse
 from ._session import pipelined, retrieved
 from ._watches import _Watches
+from ._wire import Children
 
 log = logging.getLogger("aiolock.backends.zookeeper")
 
@@ -194,17 +195,29 @@ class _Acquire(_Watches):
                 return path, children, listed, False
         state.creating = True
         sid = self._sid
-        # The listing goes right behind the create, in the same round trip: the task
-        # starts when this one first waits, which is after the create was written, and
-        # the server answers a session's requests in order, so the listing sees our node
-        # (unless the create waited first: checked below).
-        listing = asyncio.ensure_future(self._children(parent))
+        # The listing goes right behind the create, in the same round trip (and the same
+        # write): the server answers a session's requests in order, so the listing sees
+        # our node (unless the create made the parent first: checked below). If the
+        # session is not connected, the listing's task starts when this one first
+        # waits, after the create was sent.
+        create = self._create_request(
+            parent, prefix, encode_data(claim.ttl_ms, claim.limit, claim.info))
+        sent = self._send_both_now(create, Children(path=parent, watch=False))
+        listing: Any
+        if sent is None:
+            listing = asyncio.ensure_future(self._children(parent))
+            creating = self._create(create)
+        else:
+            listing = self._children(parent, sent[1])
+            creating = self._create(create, sent[0])
         try:
-            path, czxid = await self._create(parent, prefix, encode_data(
-                claim.ttl_ms, claim.limit, claim.info))
+            path, czxid = await creating
         except BaseException:
-            listing.cancel()
-            listing.add_done_callback(retrieved)
+            if isinstance(listing, asyncio.Future):
+                listing.cancel()
+                listing.add_done_callback(retrieved)
+            else:
+                listing.close()
             raise
         state.path, state.sid, state.czxid, state.stamped = path, sid, czxid, (listed, claim.ttl_ms)
         try:

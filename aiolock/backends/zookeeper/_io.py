@@ -23,7 +23,7 @@ from ...errors import AccessDenied, BackendUnavailable, LockError
 from ._claim import state_of
 from ._options import check_chroot, check_hosts, credentials, node_acl
 from ._recipe import encode_data, zk_name
-from ._session import SessionRepair, retrieved
+from ._session import Connection, SessionRepair, retrieved
 from ._wire import Children, Create2, Delete, GetData, SetData
 
 log = logging.getLogger("aiolock.backends.zookeeper")
@@ -277,6 +277,28 @@ class _Io(Backend):
         reply: asyncio.Future[Any] = conn.send(request, xid=xid)
         return reply
 
+    def _send_both_now(
+        self, first: Any, second: Any,
+    ) -> tuple[asyncio.Future[Any], tuple[Any, asyncio.Future[Any]]] | None:
+        """:meth:`_send_now` of two requests, written at once (one system call): the
+        first's reply future, and the second with its (for ``_children``); None if the
+        session is not connected (nothing was sent)."""
+        conn = self._client.session.conn
+        if not isinstance(conn, Connection):
+            return None
+        conn.held = []
+        try:
+            one = self._send_now(first)
+            # (nothing is written before the flush, so nothing changes in between)
+            two = None if one is None else self._send_now(second)
+        finally:
+            conn.flush()
+        if one is None:
+            return None
+        assert two is not None
+        two.add_done_callback(retrieved)  # (dropped unread if the create fails)
+        return one, (second, two)
+
     async def _send(self, request: Any, sent: asyncio.Future[Any] | None = None) -> Any:
         """Send one request (or await ``sent``, its :meth:`_send_now`) and return its
         reply; errors as ``aiozk``'s. ``session.send``, not ``client.send``: the client
@@ -333,13 +355,21 @@ class _Io(Backend):
             return False
         return True
 
-    async def _create(self, parent: str, prefix: str, data: bytes) -> tuple[str, int]:
+    def _create_request(self, parent: str, prefix: str, data: bytes) -> Any:
+        """The create of a claim's node (ephemeral, sequential) under ``parent``."""
         req = Create2(path=f"{parent}/{prefix}", data=data, acl=self._acl)
         req.set_flags(ephemeral=True, sequential=True)
+        return req
+
+    async def _create(self, req: Any, sent: asyncio.Future[Any] | None = None) -> tuple[str, int]:
+        """The path and czxid of the node ``req`` (a ``_create_request``) makes, making
+        its parent first if need be; ``sent``: its ``_send_now``."""
+        parent = req.path.rpartition("/")[0]
         for _ in range(5):
             try:
-                resp = await self._send(req)
+                resp = await self._send(req, sent)
             except zkexc.NoNode:  # the parent is missing (or its container was just reaped)
+                sent = None
                 await self._ensure_path(parent, container=True)
                 continue
             return str(resp.path), int(resp.stat.created_zxid)

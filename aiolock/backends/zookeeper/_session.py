@@ -39,6 +39,8 @@ __all__ = [
 AIOZK_TESTED = ("0.32", "0.33")
 
 log = logging.getLogger("aiolock.backends.zookeeper")
+_CONN_LOG = logging.getLogger("aiozk.connection")  # aiozk's own loggers, for its messages
+_PAYLOAD_LOG = logging.getLogger("aiozk.connection.payload")
 
 
 class _QuietDenials(logging.Filter):
@@ -77,7 +79,8 @@ def retrieved(fut: asyncio.Future[Any]) -> None:
 
 
 class Connection(_ZKConnection):  # type: ignore[misc]
-    """``aiozk``'s connection with a leaner reader (the clients this backend makes).
+    """``aiozk``'s connection with a leaner reader, and writes that can be held back
+    (the clients this backend makes).
 
     ``aiozk`` 0.32 reads every reply in three steps, two of them through
     ``asyncio.wait_for`` -- a task and a timer each, and an event-loop turn each even
@@ -87,6 +90,45 @@ class Connection(_ZKConnection):  # type: ignore[misc]
     under one ``read_timeout``; errors as ``aiozk``'s (a short read is
     ``UnfinishedRead``, a closed connection ``ConnectionAbortedError``).
     """
+
+    #: while a list: what :meth:`send` would write, for :meth:`flush` to write at once
+    held: list[bytes] | None = None
+
+    def send(self, request: Any, xid: int | None = None) -> asyncio.Future[Any]:
+        """``aiozk``'s ``send``, which can also hold the bytes back (:attr:`held`): a
+        create and the listing behind it then go out in one write (one system call
+        here, one read on the server)."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.closing:
+            fut.set_exception(zkexc.ConnectError(self.host, self.port))
+            return fut
+        if request.special_xid:
+            xid = request.special_xid
+        _PAYLOAD_LOG.debug("[SEND] (xid: %s) %s", xid, request)
+        body = request.serialize(xid)
+        self.opcode_xref[xid] = request.opcode
+        if xid in zkproto.SPECIAL_XIDS:
+            self.pending_specials[xid].append(fut)
+        else:
+            self.pending[xid] = fut
+        if self.held is not None:
+            self.held.append(_SIZE.pack(len(body)) + body)
+        else:
+            self._write(_SIZE.pack(len(body)) + body)
+        return fut
+
+    def flush(self) -> None:
+        """Write what was held back, and stop holding."""
+        held, self.held = self.held, None
+        if held:
+            self._write(b"".join(held))
+
+    def _write(self, payload: bytes) -> None:
+        try:
+            self.writer.write(payload)
+        except Exception:
+            _CONN_LOG.exception("Exception during write")
+            self.abort()
 
     async def read_response(self, initial_connect: bool = False) -> tuple[Any, Any, Any]:
         reader = self.reader
