@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -37,6 +38,9 @@ from ._watches import _Watches
 from ._wire import Children
 
 log = logging.getLogger("aiolock.backends.zookeeper")
+
+_OWNER = operator.attrgetter("owner")
+_NAME = operator.attrgetter("name")
 
 #: At most this long between re-checks of a waiting claim (a missed watch costs this).
 MAX_RECHECK = 5.0
@@ -117,10 +121,13 @@ class _Acquire(_Watches):
                 listed = prefetch[0]
                 children = await self._children(parent, prefetch[1])
         nodes = family_nodes(children, claim.kind)
-        await self._delete_strays(claim, parent, path, nodes)
         me = path.rpartition("/")[2]
-        live = [n for n in nodes if n.owner not in self._abandoned or n.name == me]
-        index = next((i for i, n in enumerate(live) if n.name == me), None)
+        live = nodes
+        if self._abandoned or list(map(_OWNER, nodes)).count(claim.owner) > 1:
+            await self._delete_strays(claim, parent, path, nodes)
+            live = [n for n in nodes if n.owner not in self._abandoned or n.name == me]
+        names = list(map(_NAME, live))
+        index = names.index(me) if me in names else None
         if index is None:  # our node is gone (reaped as stale, or session expired)
             state.forget_node()
             return None
@@ -160,7 +167,8 @@ class _Acquire(_Watches):
         queue = state.queue
         if not queue or not state.gone or state.sid != self._sid:
             return False
-        rest = [n for n in queue if f"{parent}/{n.name}" not in state.gone]
+        gone = {p.rpartition("/")[2] for p in state.gone}
+        rest = [n for n in queue if n.name not in gone]
         return verdict(rest, len(rest) - 1, claim.limit).holds
 
     async def _grant(

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
@@ -220,26 +219,27 @@ class _Io(Backend):
         """Called once the connection is back: with the same session, or (``expired``)
         a new one."""
 
-    @contextlib.asynccontextmanager
-    async def _bounded(self, what: str) -> AsyncIterator[None]:
-        """Bound a request by ``request_timeout`` and map errors to aiolock's."""
-        await self._ready()
-        try:
-            async with asyncio.timeout(self._request_timeout):
-                yield
-        except TimeoutError as exc:
-            raise BackendUnavailable(
+    def _bounded(self, what: str) -> _Bounded:
+        """``async with self._bounded(what):`` bounds the requests inside by
+        ``request_timeout`` and maps ``aiozk``'s errors to aiolock's (:meth:`_mapped`)."""
+        return _Bounded(self, what)
+
+    def _mapped(self, what: str, exc: BaseException) -> BaseException | None:
+        """aiolock's error for ``exc`` raised by ``what``; None: not ``aiozk``'s."""
+        if isinstance(exc, TimeoutError):  # (the bound passed)
+            return BackendUnavailable(
                 f"ZooKeeper at {self.url} did not answer {what} within {self._request_timeout} s "
                 f"(session {self._client.session.state.current_state})"
-            ) from exc
-        except _UNAVAILABLE as exc:
-            raise BackendUnavailable(
+            )
+        if isinstance(exc, _UNAVAILABLE):
+            return BackendUnavailable(
                 f"ZooKeeper at {self.url} is unavailable ({type(exc).__name__}: {exc})"
-            ) from exc
-        except _DENIED as exc:
-            raise self._denied(what, exc) from exc
-        except zkexc.ZKError as exc:
-            raise LockError(f"ZooKeeper at {self.url} refused {what}: {type(exc).__name__} {exc}") from exc
+            )
+        if isinstance(exc, _DENIED):
+            return self._denied(what, exc)
+        if isinstance(exc, zkexc.ZKError):
+            return LockError(f"ZooKeeper at {self.url} refused {what}: {type(exc).__name__} {exc}")
+        return None
 
     def _denied(self, what: str, exc: BaseException) -> AccessDenied:
         """The error for a request the server refused for want of permission."""
@@ -455,3 +455,36 @@ class _Io(Backend):
 
 def _hex(sid: int | None) -> str:
     return "none" if sid is None else hex(sid)
+
+
+class _Bounded:
+    """:meth:`_Io._bounded`: ``asyncio.timeout(request_timeout)`` and the error map, as
+    a plain class (a generator-based context manager costs several calls per use, and
+    every acquire attempt uses one)."""
+
+    __slots__ = ("_io", "_timeout", "_what")
+
+    def __init__(self, io: _Io, what: str) -> None:
+        self._io = io
+        self._what = what
+        self._timeout: asyncio.Timeout | None = None
+
+    async def __aenter__(self) -> None:
+        io = self._io
+        if io._closed or not io._started:
+            await io._ready()
+        self._timeout = asyncio.timeout(io._request_timeout)
+        await self._timeout.__aenter__()
+
+    async def __aexit__(self, typ: type[BaseException] | None, exc: BaseException | None,
+                        tb: Any) -> None:
+        assert self._timeout is not None
+        try:
+            await self._timeout.__aexit__(typ, exc, tb)  # (the bound passed: TimeoutError)
+        except TimeoutError as expired:
+            exc = expired
+        if exc is None:
+            return
+        mapped = self._io._mapped(self._what, exc)
+        if mapped is not None:
+            raise mapped from exc

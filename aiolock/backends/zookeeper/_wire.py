@@ -105,11 +105,13 @@ def _string(payload: bytes, offset: int) -> tuple[str, int]:
 
 
 def _children_reply(payload: bytes) -> Any:
-    (count,) = _INT.unpack_from(payload, 0)
+    unpack = _INT.unpack_from
+    (count,) = unpack(payload, 0)
     offset, children = 4, []
-    for _ in range(count):
-        child, offset = _string(payload, offset)
-        children.append(child)
+    for _ in range(count):  # (inline: a listing has a name per contender)
+        end = offset + 4 + unpack(payload, offset)[0]
+        children.append(payload[offset + 4 : end].decode())
+        offset = end
     return _response(zkproto.GetChildrenResponse, children=children)
 
 
