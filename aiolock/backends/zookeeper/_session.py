@@ -29,7 +29,7 @@ from aiozk.session import HEARTBEAT_FREQUENCY as _HEARTBEAT_FREQUENCY
 from aiozk.states import States
 
 from ._options import Digest
-from ._wire import FAST_REPLIES, Delete
+from ._wire import FAST_REPLIES, Delete, watch_event
 
 __all__ = [
     "AIOZK_TESTED", "Connection", "CountedDelete", "SessionRepair", "pipelined", "retrieved",
@@ -153,7 +153,7 @@ class Connection(_ZKConnection):  # type: ignore[misc]
             return xid, zxid, zkexc.get_response_error(error_code)
         payload = raw[_REPLY_HEADER.size:]
         if xid == zkproto.WATCH_XID:
-            return xid, zxid, zkproto.WatchEvent.deserialize(payload)
+            return xid, zxid, watch_event(payload)
         opcode = self.opcode_xref.pop(xid)
         fast = FAST_REPLIES.get(opcode)
         if fast is not None:
