@@ -94,7 +94,8 @@ def _stat(version: int) -> object:
     zkproto.GetDataResponse(data=b'3000:1:{"d":"x"}', stat=_stat(4)),
     zkproto.GetDataResponse(data=b"", stat=_stat(0)),
     zkproto.SetDataResponse(stat=_stat(5)),
-], ids=["children-empty", "children", "create2", "get-data", "get-empty-data", "set-data"])
+    zkproto.DeleteResponse(),
+], ids=["children-empty", "children", "create2", "get-data", "get-empty-data", "set-data", "delete"])
 def test_fast_replies_read_as_aiozk_reads_them(reply: object) -> None:
     from aiolock.backends.zookeeper._wire import FAST_REPLIES as _FAST_REPLIES
 
@@ -102,6 +103,16 @@ def test_fast_replies_read_as_aiozk_reads_them(reply: object) -> None:
     cls = type(reply)
     fast, slow = _FAST_REPLIES[cls.opcode](payload), cls.deserialize(payload)
     assert type(fast) is cls and fast == slow and vars(fast) == vars(slow)
+
+
+@pytest.mark.parametrize("path", ["/aiolock/x/lock-o-0000000003", "/ü", None])
+def test_watch_events_read_as_aiozk_reads_them(path: str | None) -> None:
+    from aiolock.backends.zookeeper._wire import watch_event
+
+    event = zkproto.WatchEvent(type=zkproto.WatchEvent.DELETED, state=3, path=path)
+    payload = _serialized(event)
+    fast, slow = watch_event(payload), zkproto.WatchEvent.deserialize(payload)
+    assert type(fast) is zkproto.WatchEvent and vars(fast) == vars(slow)
 
 
 def _requests() -> list[tuple[object, object]]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -34,8 +35,12 @@ from ._claim import ClaimState, state_of
 from ._recipe import KIND_PREFIX, Node, encode_data, family_nodes, holders, parse
 from ._session import pipelined, retrieved
 from ._watches import _Watches
+from ._wire import Children
 
 log = logging.getLogger("aiolock.backends.zookeeper")
+
+_OWNER = operator.attrgetter("owner")
+_NAME = operator.attrgetter("name")
 
 #: At most this long between re-checks of a waiting claim (a missed watch costs this).
 MAX_RECHECK = 5.0
@@ -108,13 +113,21 @@ class _Acquire(_Watches):
             return await self._grant(claim, state, path, False, started)
         state.queue = None
         if children is None:
-            listed = time.monotonic()
-            children = await self._children(parent)
+            prefetch, state.prefetch = state.prefetch, None
+            if prefetch is None:
+                listed = time.monotonic()
+                children = await self._children(parent)
+            else:
+                listed = prefetch[0]
+                children = await self._children(parent, prefetch[1])
         nodes = family_nodes(children, claim.kind)
-        await self._delete_strays(claim, parent, path, nodes)
         me = path.rpartition("/")[2]
-        live = [n for n in nodes if n.owner not in self._abandoned or n.name == me]
-        index = next((i for i, n in enumerate(live) if n.name == me), None)
+        live = nodes
+        if self._abandoned or list(map(_OWNER, nodes)).count(claim.owner) > 1:
+            await self._delete_strays(claim, parent, path, nodes)
+            live = [n for n in nodes if n.owner not in self._abandoned or n.name == me]
+        names = list(map(_NAME, live))
+        index = names.index(me) if me in names else None
         if index is None:  # our node is gone (reaped as stale, or session expired)
             state.forget_node()
             return None
@@ -130,6 +143,23 @@ class _Acquire(_Watches):
         state.queue, state.gone = live[: index + 1], set()
         return await self._wait_on(claim, state, parent, nodes, held, found.watch, created)
 
+    def _woken(self, claim: Claim, state: ClaimState) -> None:
+        """A deletion woke the claim's waiter: unless that grants it outright (``_freed``),
+        send the listing its next look needs now, not after the turns of the event
+        loop it takes the waiter to run (the wake-up is on the handoff's critical path).
+        It is a listing sent after the deletion all the same; its sending time is what
+        ``_look`` counts from."""
+        path = state.path
+        if state.prefetch is not None or path is None or state.sid != self._sid:
+            return
+        parent = path.rpartition("/")[0]
+        if self._freed(claim, state, parent):
+            return
+        listed = time.monotonic()  # (before the request: the listing shows it later)
+        sent = self._list_now(parent)
+        if sent is not None:
+            state.prefetch = (listed, sent)
+
     def _freed(self, claim: Claim, state: ClaimState, parent: str) -> bool:
         """The watches told of deletions that grant us, without a listing: no node can
         join the queue before ours (sequence numbers only grow), so the last listing
@@ -137,7 +167,8 @@ class _Acquire(_Watches):
         queue = state.queue
         if not queue or not state.gone or state.sid != self._sid:
             return False
-        rest = [n for n in queue if f"{parent}/{n.name}" not in state.gone]
+        gone = {p.rpartition("/")[2] for p in state.gone}
+        rest = [n for n in queue if n.name not in gone]
         return verdict(rest, len(rest) - 1, claim.limit).holds
 
     async def _grant(
@@ -152,7 +183,7 @@ class _Acquire(_Watches):
             state.forget_node()
             return None
         self._unwatch(claim)
-        state.creating, state.granted, state.queue = False, True, None
+        state.creating, state.granted, state.queue, state.prefetch = False, True, None, None
         return granted
 
     async def _place(
@@ -172,17 +203,29 @@ class _Acquire(_Watches):
                 return path, children, listed, False
         state.creating = True
         sid = self._sid
-        # The listing goes right behind the create, in the same round trip: the task
-        # starts when this one first waits, which is after the create was written, and
-        # the server answers a session's requests in order, so the listing sees our node
-        # (unless the create waited first: checked below).
-        listing = asyncio.ensure_future(self._children(parent))
+        # The listing goes right behind the create, in the same round trip (and the same
+        # write): the server answers a session's requests in order, so the listing sees
+        # our node (unless the create made the parent first: checked below). If the
+        # session is not connected, the listing's task starts when this one first
+        # waits, after the create was sent.
+        create = self._create_request(
+            parent, prefix, encode_data(claim.ttl_ms, claim.limit, claim.info))
+        sent = self._send_both_now(create, Children(path=parent, watch=False))
+        listing: Any
+        if sent is None:
+            listing = asyncio.ensure_future(self._children(parent))
+            creating = self._create(create)
+        else:
+            listing = self._children(parent, sent[1])
+            creating = self._create(create, sent[0])
         try:
-            path, czxid = await self._create(parent, prefix, encode_data(
-                claim.ttl_ms, claim.limit, claim.info))
+            path, czxid = await creating
         except BaseException:
-            listing.cancel()
-            listing.add_done_callback(retrieved)
+            if isinstance(listing, asyncio.Future):
+                listing.cancel()
+                listing.add_done_callback(retrieved)
+            else:
+                listing.close()
             raise
         state.path, state.sid, state.czxid, state.stamped = path, sid, czxid, (listed, claim.ttl_ms)
         try:

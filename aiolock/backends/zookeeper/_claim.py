@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from ...abc import Claim
 from ._recipe import Node
@@ -36,13 +36,16 @@ class ClaimState:
     #: ours later: sequence numbers only grow, so these tell whether we hold now)
     queue: list[Node] | None = None
     gone: set[str] = field(default_factory=set)
+    #: a listing sent when a watch woke the waiter, for its next look: (when it was
+    #: sent, monotonic; what ``_Io._list_now`` returned)
+    prefetch: tuple[float, Any] | None = None
 
     def forget_node(self) -> None:
         """The node is gone (released, deleted, or its session expired)."""
         self.path = self.sid = self.stamped = self.releasing = self.busy = self.waited = None
         self.czxid = 0
         self.creating = self.granted = False
-        self.queue = None
+        self.queue = self.prefetch = None
         self.gone = set()
 
 

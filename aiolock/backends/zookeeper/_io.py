@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
@@ -23,7 +22,7 @@ from ...errors import AccessDenied, BackendUnavailable, LockError
 from ._claim import state_of
 from ._options import check_chroot, check_hosts, credentials, node_acl
 from ._recipe import encode_data, zk_name
-from ._session import SessionRepair
+from ._session import Connection, SessionRepair, retrieved
 from ._wire import Children, Create2, Delete, GetData, SetData
 
 log = logging.getLogger("aiolock.backends.zookeeper")
@@ -220,26 +219,27 @@ class _Io(Backend):
         """Called once the connection is back: with the same session, or (``expired``)
         a new one."""
 
-    @contextlib.asynccontextmanager
-    async def _bounded(self, what: str) -> AsyncIterator[None]:
-        """Bound a request by ``request_timeout`` and map errors to aiolock's."""
-        await self._ready()
-        try:
-            async with asyncio.timeout(self._request_timeout):
-                yield
-        except TimeoutError as exc:
-            raise BackendUnavailable(
+    def _bounded(self, what: str) -> _Bounded:
+        """``async with self._bounded(what):`` bounds the requests inside by
+        ``request_timeout`` and maps ``aiozk``'s errors to aiolock's (:meth:`_mapped`)."""
+        return _Bounded(self, what)
+
+    def _mapped(self, what: str, exc: BaseException) -> BaseException | None:
+        """aiolock's error for ``exc`` raised by ``what``; None: not ``aiozk``'s."""
+        if isinstance(exc, TimeoutError):  # (the bound passed)
+            return BackendUnavailable(
                 f"ZooKeeper at {self.url} did not answer {what} within {self._request_timeout} s "
                 f"(session {self._client.session.state.current_state})"
-            ) from exc
-        except _UNAVAILABLE as exc:
-            raise BackendUnavailable(
+            )
+        if isinstance(exc, _UNAVAILABLE):
+            return BackendUnavailable(
                 f"ZooKeeper at {self.url} is unavailable ({type(exc).__name__}: {exc})"
-            ) from exc
-        except _DENIED as exc:
-            raise self._denied(what, exc) from exc
-        except zkexc.ZKError as exc:
-            raise LockError(f"ZooKeeper at {self.url} refused {what}: {type(exc).__name__} {exc}") from exc
+            )
+        if isinstance(exc, _DENIED):
+            return self._denied(what, exc)
+        if isinstance(exc, zkexc.ZKError):
+            return LockError(f"ZooKeeper at {self.url} refused {what}: {type(exc).__name__} {exc}")
+        return None
 
     def _denied(self, what: str, exc: BaseException) -> AccessDenied:
         """The error for a request the server refused for want of permission."""
@@ -257,9 +257,66 @@ class _Io(Backend):
             f"Check the URL's credentials and the chroot's ACL"
         )
 
-    async def _send(self, request: Any) -> Any:
-        # session.send, not client.send: the client caches the stat of every path forever
-        return await self._client.session.send(request)
+    def _send_now(self, request: Any) -> asyncio.Future[Any] | None:
+        """Write ``request`` now, if the session is connected (and the client is ours):
+        the future of its raw reply, for :meth:`_send`; None: send it with :meth:`_send`.
+
+        ``aiozk``'s ``send`` runs three coroutines, a retry-policy entry and a heartbeat
+        timer per request before it writes; on the clients made here (retry policy
+        ``forever``) a connected session's request goes straight to the connection.
+        """
+        session = self._client.session
+        conn = session.conn
+        if (self._repair is None or session.state.current_state is not States.CONNECTED
+                or conn is None or conn.closing):
+            return None
+        xid = session.xid + 1
+        if xid > 0x7FFFFFFF:  # (as aiozk: positive, 32-bit)
+            xid = 1
+        session.xid = xid
+        reply: asyncio.Future[Any] = conn.send(request, xid=xid)
+        return reply
+
+    def _send_both_now(
+        self, first: Any, second: Any,
+    ) -> tuple[asyncio.Future[Any], tuple[Any, asyncio.Future[Any]]] | None:
+        """:meth:`_send_now` of two requests, written at once (one system call): the
+        first's reply future, and the second with its (for ``_children``); None if the
+        session is not connected (nothing was sent)."""
+        conn = self._client.session.conn
+        if not isinstance(conn, Connection):
+            return None
+        conn.held = []
+        try:
+            one = self._send_now(first)
+            # (nothing is written before the flush, so nothing changes in between)
+            two = None if one is None else self._send_now(second)
+        finally:
+            conn.flush()
+        if one is None:
+            return None
+        assert two is not None
+        two.add_done_callback(retrieved)  # (dropped unread if the create fails)
+        return one, (second, two)
+
+    async def _send(self, request: Any, sent: asyncio.Future[Any] | None = None) -> Any:
+        """Send one request (or await ``sent``, its :meth:`_send_now`) and return its
+        reply; errors as ``aiozk``'s. ``session.send``, not ``client.send``: the client
+        caches the stat of every path forever. A dropped connection falls back to
+        ``session.send``, which waits for the reconnect and sends again, as it would
+        have."""
+        session = self._client.session
+        if sent is None:
+            sent = self._send_now(request)
+            if sent is None:
+                return await session.send(request)
+        try:
+            zxid, response = await sent
+        except zkexc.ConnectError:
+            return await session.send(request)
+        session.last_zxid = zxid
+        session.set_heartbeat()
+        return response
 
     # -- paths --------------------------------------------------------------------------
 
@@ -298,21 +355,44 @@ class _Io(Backend):
             return False
         return True
 
-    async def _create(self, parent: str, prefix: str, data: bytes) -> tuple[str, int]:
+    def _create_request(self, parent: str, prefix: str, data: bytes) -> Any:
+        """The create of a claim's node (ephemeral, sequential) under ``parent``."""
         req = Create2(path=f"{parent}/{prefix}", data=data, acl=self._acl)
         req.set_flags(ephemeral=True, sequential=True)
+        return req
+
+    async def _create(self, req: Any, sent: asyncio.Future[Any] | None = None) -> tuple[str, int]:
+        """The path and czxid of the node ``req`` (a ``_create_request``) makes, making
+        its parent first if need be; ``sent``: its ``_send_now``."""
+        parent = req.path.rpartition("/")[0]
         for _ in range(5):
             try:
-                resp = await self._send(req)
+                resp = await self._send(req, sent)
             except zkexc.NoNode:  # the parent is missing (or its container was just reaped)
+                sent = None
                 await self._ensure_path(parent, container=True)
                 continue
             return str(resp.path), int(resp.stat.created_zxid)
         raise LockError(f"could not create a node under {parent!r}")
 
-    async def _children(self, parent: str) -> list[str]:
+    def _list_now(self, parent: str) -> tuple[Any, asyncio.Future[Any]] | None:
+        """Send a listing of ``parent`` now (see :meth:`_send_now`): for ``_children``."""
+        request = Children(path=parent, watch=False)
+        sent = self._send_now(request)
+        if sent is None:
+            return None
+        sent.add_done_callback(retrieved)  # (dropped unread if the claim moves on)
+        return request, sent
+
+    async def _children(
+        self, parent: str, sent: tuple[Any, asyncio.Future[Any]] | None = None,
+    ) -> list[str]:
+        """The children of ``parent`` ([] if it is gone); ``sent``: from ``_list_now``."""
         try:
-            resp = await self._send(Children(path=parent, watch=False))
+            if sent is None:
+                resp = await self._send(Children(path=parent, watch=False))
+            else:
+                resp = await self._send(*sent)
         except zkexc.NoNode:
             return []
         return list(resp.children)
@@ -375,3 +455,36 @@ class _Io(Backend):
 
 def _hex(sid: int | None) -> str:
     return "none" if sid is None else hex(sid)
+
+
+class _Bounded:
+    """:meth:`_Io._bounded`: ``asyncio.timeout(request_timeout)`` and the error map, as
+    a plain class (a generator-based context manager costs several calls per use, and
+    every acquire attempt uses one)."""
+
+    __slots__ = ("_io", "_timeout", "_what")
+
+    def __init__(self, io: _Io, what: str) -> None:
+        self._io = io
+        self._what = what
+        self._timeout: asyncio.Timeout | None = None
+
+    async def __aenter__(self) -> None:
+        io = self._io
+        if io._closed or not io._started:
+            await io._ready()
+        self._timeout = asyncio.timeout(io._request_timeout)
+        await self._timeout.__aenter__()
+
+    async def __aexit__(self, typ: type[BaseException] | None, exc: BaseException | None,
+                        tb: Any) -> None:
+        assert self._timeout is not None
+        try:
+            await self._timeout.__aexit__(typ, exc, tb)  # (the bound passed: TimeoutError)
+        except TimeoutError as expired:
+            exc = expired
+        if exc is None:
+            return
+        mapped = self._io._mapped(self._what, exc)
+        if mapped is not None:
+            raise mapped from exc

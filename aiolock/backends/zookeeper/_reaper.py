@@ -34,9 +34,14 @@ class Reaper:
     def prune(self, parent: str, nodes: Sequence[Node], family: str) -> None:
         """Forget the clocks of ``family``'s nodes under ``parent`` that are not in
         ``nodes`` (released since we last looked)."""
-        present = {f"{parent}/{n.name}" for n in nodes}
-        for path in [p for p in self.seen if p.rpartition("/")[0] == parent and p not in present]:
-            node = parse(path.rpartition("/")[2])
+        if not self.seen:
+            return
+        present = {n.name for n in nodes}
+        for path in list(self.seen):
+            head, _, name = path.rpartition("/")
+            if head != parent or name in present:
+                continue
+            node = parse(name)
             if node is None or node.kind.family == family:
                 del self.seen[path]
 

@@ -13,6 +13,7 @@ holder record of :mod:`aiolock._holder`), written by the create and by every ren
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
@@ -80,7 +81,7 @@ def family_nodes(children: Sequence[str], kind: Kind) -> list[Node]:
     """The nodes of ``kind``'s family among ``children``, oldest first."""
     prefixes = _FAMILY_PREFIXES[kind.family]
     nodes = [n for c in children if c.startswith(prefixes) and (n := parse(c)) is not None]
-    nodes.sort(key=_seq)
+    nodes.sort(key=_SEQ)
     return nodes
 
 
@@ -90,8 +91,7 @@ def families(children: Sequence[str]) -> list[str]:
     return sorted(found)
 
 
-def _seq(node: Node) -> int:
-    return node.seq
+_SEQ = operator.attrgetter("seq")
 
 
 holders = _queue.holders

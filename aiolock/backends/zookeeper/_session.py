@@ -5,7 +5,8 @@ as it is).
 
 Tested with ``aiozk`` >= 0.32, < 0.33 (:data:`AIOZK_TESTED`): each repair replaces an
 ``aiozk`` method or reads one of its internals (``Connection.read_response``,
-``Session.find_server``/``establish_session``, ``Session.watch_callbacks``,
+``Session.find_server``/``establish_session``/``set_heartbeat``/``event_dispatch``,
+``Session.watch_callbacks``,
 ``Connection.read_loop_task``, ``opcode_xref``, ``pending_specials``); check them again
 before widening the range.
 """
@@ -16,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiozk import exc as zkexc
@@ -24,10 +25,11 @@ from aiozk import protocol as zkproto
 from aiozk.connection import Connection as _ZKConnection
 from aiozk.connection import reply_header_struct as _REPLY_HEADER
 from aiozk.connection import size_struct as _SIZE
+from aiozk.session import HEARTBEAT_FREQUENCY as _HEARTBEAT_FREQUENCY
 from aiozk.states import States
 
 from ._options import Digest
-from ._wire import FAST_REPLIES, Delete
+from ._wire import FAST_REPLIES, Delete, watch_event
 
 __all__ = [
     "AIOZK_TESTED", "Connection", "CountedDelete", "SessionRepair", "pipelined", "retrieved",
@@ -37,6 +39,8 @@ __all__ = [
 AIOZK_TESTED = ("0.32", "0.33")
 
 log = logging.getLogger("aiolock.backends.zookeeper")
+_CONN_LOG = logging.getLogger("aiozk.connection")  # aiozk's own loggers, for its messages
+_PAYLOAD_LOG = logging.getLogger("aiozk.connection.payload")
 
 
 class _QuietDenials(logging.Filter):
@@ -75,7 +79,8 @@ def retrieved(fut: asyncio.Future[Any]) -> None:
 
 
 class Connection(_ZKConnection):  # type: ignore[misc]
-    """``aiozk``'s connection with a leaner reader (the clients this backend makes).
+    """``aiozk``'s connection with a leaner reader, and writes that can be held back
+    (the clients this backend makes).
 
     ``aiozk`` 0.32 reads every reply in three steps, two of them through
     ``asyncio.wait_for`` -- a task and a timer each, and an event-loop turn each even
@@ -85,6 +90,45 @@ class Connection(_ZKConnection):  # type: ignore[misc]
     under one ``read_timeout``; errors as ``aiozk``'s (a short read is
     ``UnfinishedRead``, a closed connection ``ConnectionAbortedError``).
     """
+
+    #: while a list: what :meth:`send` would write, for :meth:`flush` to write at once
+    held: list[bytes] | None = None
+
+    def send(self, request: Any, xid: int | None = None) -> asyncio.Future[Any]:
+        """``aiozk``'s ``send``, which can also hold the bytes back (:attr:`held`): a
+        create and the listing behind it then go out in one write (one system call
+        here, one read on the server)."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.closing:
+            fut.set_exception(zkexc.ConnectError(self.host, self.port))
+            return fut
+        if request.special_xid:
+            xid = request.special_xid
+        _PAYLOAD_LOG.debug("[SEND] (xid: %s) %s", xid, request)
+        body = request.serialize(xid)
+        self.opcode_xref[xid] = request.opcode
+        if xid in zkproto.SPECIAL_XIDS:
+            self.pending_specials[xid].append(fut)
+        else:
+            self.pending[xid] = fut
+        if self.held is not None:
+            self.held.append(_SIZE.pack(len(body)) + body)
+        else:
+            self._write(_SIZE.pack(len(body)) + body)
+        return fut
+
+    def flush(self) -> None:
+        """Write what was held back, and stop holding."""
+        held, self.held = self.held, None
+        if held:
+            self._write(b"".join(held))
+
+    def _write(self, payload: bytes) -> None:
+        try:
+            self.writer.write(payload)
+        except Exception:
+            _CONN_LOG.exception("Exception during write")
+            self.abort()
 
     async def read_response(self, initial_connect: bool = False) -> tuple[Any, Any, Any]:
         reader = self.reader
@@ -109,7 +153,7 @@ class Connection(_ZKConnection):  # type: ignore[misc]
             return xid, zxid, zkexc.get_response_error(error_code)
         payload = raw[_REPLY_HEADER.size:]
         if xid == zkproto.WATCH_XID:
-            return xid, zxid, zkproto.WatchEvent.deserialize(payload)
+            return xid, zxid, watch_event(payload)
         opcode = self.opcode_xref.pop(xid)
         fast = FAST_REPLIES.get(opcode)
         if fast is not None:
@@ -138,10 +182,50 @@ class SessionRepair:
         #: the server refused our credentials (AuthFailed) on some connection
         self.auth_error: BaseException | None = None
         self._closing: set[asyncio.Task[Any]] = set()
+        self._beat_due = 0.0  # when the next ping is due (loop time), see set_heartbeat
+        #: the backend's handler of watch events: True if it handled one (see event_dispatch)
+        self.direct: Callable[[int, str], bool] | None = None
+        self._dispatch: Callable[[Any], None] = session.event_dispatch
 
     def install(self) -> None:
         self.session.find_server = self.find_server
         self.session.establish_session = self.establish_session
+        self.session.set_heartbeat = self.set_heartbeat
+        self._dispatch = self.session.event_dispatch
+        self.session.event_dispatch = self.event_dispatch  # (read by find_server)
+
+    def event_dispatch(self, event: Any) -> None:
+        """A watch event, from the connection's reader: to :attr:`direct` first, which
+        handles it at once if it is its own (``aiozk`` runs every callback a turn of the
+        event loop later; a waiter's wake-up is on a handoff's critical path), else to
+        ``aiozk``'s dispatch."""
+        direct = self.direct
+        if not (event.type and direct is not None and direct(event.type, event.path)):
+            self._dispatch(event)
+
+    def set_heartbeat(self) -> None:
+        """Ping ``timeout / 3`` after the last reply, as ``aiozk`` does, with one timer
+        moved lazily: ``aiozk`` cancels its timer and makes a new one after every reply
+        (a heap push and a cancelled handle per request)."""
+        session = self.session
+        loop = asyncio.get_running_loop()
+        due = loop.time() + session.timeout / _HEARTBEAT_FREQUENCY
+        self._beat_due = due
+        handle = session.heartbeat_handle
+        if handle is not None and not handle.cancelled():
+            if handle.when() <= due:
+                return  # it fires earlier and moves itself to ``due``
+            handle.cancel()  # the timeout shrank (a new session)
+        session.heartbeat_handle = loop.call_at(due, self._beat)
+
+    def _beat(self) -> None:
+        session = self.session
+        session.heartbeat_handle = None
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._beat_due:  # a reply came since: not idle yet
+            session.heartbeat_handle = loop.call_at(self._beat_due, self._beat)
+        else:
+            session.create_heartbeat()
 
     def _close_later(self, conn: Any) -> None:
         task = asyncio.get_running_loop().create_task(conn.close(self.session.timeout))

@@ -45,6 +45,29 @@ class _Watches(_Io):
         self._watching: dict[str, dict[str, ClaimState]] = {}
         self._observers: dict[str, set[Waiter]] = {}  # container path -> its observers
         self._reaper = Reaper()
+        if self._repair is not None:
+            self._repair.direct = self._on_event
+
+    def _on_event(self, event_type: int, path: str) -> bool:
+        """A watch event, from the connection's reader: handled at once (True) if it is a
+        deletion (or change) of a node only our waiters watch, else left to ``aiozk``'s
+        dispatch (a turn of the event loop later)."""
+        if event_type == _EVENT.DELETED:
+            ours: Any = self._on_deleted
+        elif event_type == _EVENT.CHILDREN_CHANGED:
+            ours = self._on_changed
+        else:
+            return False
+        if path not in self._watching:
+            return False
+        callbacks = self._client.session.watch_callbacks.get((event_type, path))
+        if not callbacks or len(callbacks) != 1 or ours not in callbacks:
+            return False
+        try:
+            ours(path)
+        except Exception:  # (aiozk's reader must go on)
+            log.exception("handling the ZooKeeper watch event on %s failed", path)
+        return True
 
     def _watch(self, claim: Claim, paths: set[str]) -> None:
         """Make ``paths`` the set whose deletion wakes ``claim``'s waiter."""
@@ -115,7 +138,12 @@ class _Watches(_Io):
                 state.gone.add(path)
             waiter = self._waiters.get(owner)
             if waiter is not None:
+                if deleted:
+                    self._woken(waiter.claim, state)
                 waiter.wake()
+
+    def _woken(self, claim: Claim, state: ClaimState) -> None:
+        """A deletion woke ``claim``'s waiter (before it runs): see ``_Acquire``."""
 
     # -- observers of an election ---------------------------------------------------------
 

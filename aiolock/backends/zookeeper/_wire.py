@@ -12,7 +12,7 @@ from typing import Any
 from aiozk import protocol as zkproto
 from aiozk.protocol.stat import Stat as _Stat
 
-__all__ = ["FAST_REPLIES", "Children", "Create2", "Delete", "GetData", "SetData"]
+__all__ = ["FAST_REPLIES", "Children", "Create2", "Delete", "GetData", "SetData", "watch_event"]
 
 _HEAD = struct.Struct("!ii")
 
@@ -105,11 +105,13 @@ def _string(payload: bytes, offset: int) -> tuple[str, int]:
 
 
 def _children_reply(payload: bytes) -> Any:
-    (count,) = _INT.unpack_from(payload, 0)
+    unpack = _INT.unpack_from
+    (count,) = unpack(payload, 0)
     offset, children = 4, []
-    for _ in range(count):
-        child, offset = _string(payload, offset)
-        children.append(child)
+    for _ in range(count):  # (inline: a listing has a name per contender)
+        end = offset + 4 + unpack(payload, offset)[0]
+        children.append(payload[offset + 4 : end].decode())
+        offset = end
     return _response(zkproto.GetChildrenResponse, children=children)
 
 
@@ -128,7 +130,21 @@ def _set_data_reply(payload: bytes) -> Any:
     return _response(zkproto.SetDataResponse, stat=_stat(payload, 0))
 
 
+def _delete_reply(payload: bytes) -> Any:
+    return _response(zkproto.DeleteResponse)
+
+
+def watch_event(payload: bytes) -> Any:
+    """A watch notification (aiozk's ``WatchEvent``)."""
+    kind, state, size = _EVENT_HEAD.unpack_from(payload, 0)
+    path = None if size == -1 else payload[12 : 12 + size].decode()
+    return _response(zkproto.WatchEvent, type=kind, state=state, path=path)
+
+
+_EVENT_HEAD = struct.Struct("!iii")
+
 FAST_REPLIES = {
+    zkproto.DeleteResponse.opcode: _delete_reply,
     zkproto.GetChildrenResponse.opcode: _children_reply,
     zkproto.Create2Response.opcode: _create2_reply,
     zkproto.GetDataResponse.opcode: _get_data_reply,
