@@ -9,7 +9,9 @@ the hash tag ``{<escaped name>}`` so they live in one cluster slot:
                               for gttl - PTTL ms, until the first renewal sets since,
                               so a grant needs no TIME); expires with the lease
     KEYS[2]  token counter    INCR'ed per grant; never expires, so tokens never repeat
-    KEYS[3]  queue            list of waiting owner ids, in arrival order
+    KEYS[3]  queue            list of waiters, in arrival order: owner ids (read-write
+                              locks, semaphores), ``<owner>|<registration>`` (plain
+                              locks, see ``WAITER``)
     KEYS[4]  queue deadlines  zset owner id -> server-clock ms after which the place lapses
                               (read-write locks and semaphores; plain locks use KEYS[5])
     KEYS[5]  waiter key       of one claim: its tombstone (``a``, set by an abandon) bars a
@@ -106,7 +108,9 @@ end
 #: carries the registration and the PUBLISH's count says whether the waiter's process is
 #: still there (its inbox is subscribed while it runs): a count of 0 (a dead process, or
 #: one whose pub/sub connection is down, which wakes its waiters itself when it is back)
-#: moves on to the next entry -- no read of the waiter key, no extra command. Elsewhere
+#: moves on to the next entry -- no read of the waiter key, no extra command. (A pattern
+#: subscriber matching the inboxes, such as ``PSUBSCRIBE *``, is counted too: a dead
+#: waiter then looks live, and costs its lease ttl once handed the lock.) Elsewhere
 #: (Cluster, Sentinel: a subscriber may sit on another node) and in REVOKE, each entry's
 #: waiter key is read as before: skipped if it lapsed or holds a tombstone. An abandon
 #: removes its entry in the same script that sets its tombstone, so a queued entry is
