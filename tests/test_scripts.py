@@ -413,3 +413,14 @@ async def test_only_the_first_waiter_watches_the_holders_lease(r: Any) -> None:
     second = await acquire(r, "c", ttl=30_000)
     assert first[0] == 0 and 900 < first[1] <= 1_000
     assert second[0] == 0 and second[1] == 10_000
+
+
+async def test_a_refresh_keeps_one_entry_per_waiter(r: Any) -> None:
+    await acquire(r, "a")
+    await acquire(r, "b")
+    await acquire(r, "c")
+    await acquire(r, "b")  # the same registration: it keeps its place
+    assert await queued(r) == ["b", "c"]
+    await acquire(r, "b", ttl=20_000)  # registered otherwise: one entry, the new one
+    entries = await r.lrange("aiolock:lock:{n}:q", 0, -1)
+    assert [e.decode() for e in entries] == ["c|10000|7|inbox-c", "b|20000|7|inbox-b"]

@@ -250,7 +250,10 @@ if wttl > 0 then
   if old then
     local was = entry(me, registration(old) and old or value)
     at = redis.call('lpos', KEYS[3], was)
-    if at and old ~= value then redis.call('lset', KEYS[3], at, entry(me, value)) end
+    if at and old ~= value then  -- registered otherwise (not seen in practice): again
+      redis.call('lrem', KEYS[3], 1, was)
+      at = false
+    end
   end
   if at then
     redis.call('pexpire', KEYS[3], queue_ttl(wttl))
