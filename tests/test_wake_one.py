@@ -146,3 +146,32 @@ async def test_a_claim_whose_abandon_failed_hands_on_a_lock_it_is_handed(
         await lease.release()  # -> the orphan -> abandoned again -> the next waiter
         second = await nxt
         await second.release()
+
+
+async def test_a_hand_off_costs_one_script_of_seven_commands(
+    own_server: RedisServer,  # noqa: F811
+) -> None:
+    """A release that hands the lock to a waiter of another process costs the RELEASE
+    script and 6 commands in it (HGET, LPOP, INCR, HSET, PEXPIRE, PUBLISH): the waiter's
+    key is not read (its queue entry carries its registration, the PUBLISH count tells it
+    is live), and the waiter takes the grant from the message, without a request."""
+    admin = aioredis.Redis.from_url(own_server.url)
+
+    async def calls() -> dict[str, int]:
+        stats = await admin.info("commandstats")
+        return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+    async with aiolock.connect(own_server.url) as one, aiolock.connect(own_server.url) as two:
+        lease = await one.lock("hand-off-cost", ttl=5).acquire()
+        waiting = asyncio.ensure_future(two.lock("hand-off-cost", ttl=5).acquire(timeout=5))
+        await asyncio.sleep(0.3)  # registered, and listening on its inbox
+        before = await calls()
+        await lease.release()
+        second = await waiting
+        after = await calls()
+        await second.release()
+    await admin.aclose()
+    spent = {k: n - before.get(k, 0) for k, n in after.items() if n - before.get(k, 0)}
+    spent.pop("info", None)
+    assert spent == {"evalsha": 1, "hget": 1, "lpop": 1, "incr": 1, "hset": 1, "pexpire": 1,
+                     "publish": 1}, spent
