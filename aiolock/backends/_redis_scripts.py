@@ -118,6 +118,14 @@ end
 #: abandoned claim), the release marker (``'r'``) and the revocation mark (``'v'``),
 #: which bar a grant.
 #:
+#: Timers, should no release come (a holder that died): the first waiter of the queue is
+#: told to retry when the holder's lease ends, the others within a third of their waiter
+#: ttl (they refresh their registration then). So a dead holder's lock is taken within
+#: its remaining lease, or, if the first waiter died with it, a third of a waiter ttl
+#: after that. A hand-off message lost (its pub/sub connection broke: reconnecting wakes
+#: every waiter of the process to ask) costs its waiter at most its timer, a third of
+#: its waiter ttl at most.
+#:
 #: A release may instead name a waiting claim of its own process (ARGV[5]): it hands the
 #: lock to that one, queue or not, and says so in its reply (a local hand-off) -- the
 #: backend bounds how many times in a row it does that while others wait. A non-fair
