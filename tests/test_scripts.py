@@ -49,6 +49,11 @@ async def release_reply(r: Any, owner: str, abandon: bool = False, mark: int = 0
                      60_000 if abandon else mark, heir, 5_000 if heir else 0)
 
 
+async def queued(r: Any) -> list[str]:
+    """The owners in the plain lock's queue (entries ``<owner>|<registration>``)."""
+    return [e.decode().partition("|")[0] for e in await r.lrange("aiolock:lock:{n}:q", 0, -1)]
+
+
 async def release(r: Any, owner: str, abandon: bool = False, mark: int = 0) -> int:
     return int((await release_reply(r, owner, abandon, mark))[0])
 
@@ -110,7 +115,7 @@ async def test_release_hands_the_lock_to_the_first_live_waiter_and_says_so(r: An
         if m:
             msgs.append(m["data"])
     assert msgs == [b"aiolock:lock:{n}|b|" + token]  # on b's inbox only
-    assert await r.lrange("aiolock:lock:{n}:q", 0, -1) == [b"c"]
+    assert await queued(r) == ["c"]
     assert (await acquire(r, "b"))[:2] == [1, int(token)]  # b learns it by asking, too
     await pubsub.aclose()
 
@@ -147,7 +152,7 @@ async def test_release_hands_it_to_a_named_local_waiter(r: Any) -> None:
     await acquire(r, "remote")
     await acquire(r, "local")  # registered too: it leaves the queue when handed the lock
     assert await release_reply(r, "a", heir="local") == [1, b"local", 2, 1]
-    assert await r.lrange("aiolock:lock:{n}:q", 0, -1) == [b"remote"]
+    assert await queued(r) == ["remote"]
     assert 4_000 < await r.pttl("aiolock:lock:{n}") <= 5_000  # the heir's ttl
     assert await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1) is None
     assert (await acquire(r, "local"))[:2] == [1, 2]
@@ -163,7 +168,7 @@ async def test_non_fair_takes_a_free_lock_past_the_queue(r: Any) -> None:
 
     await asyncio.sleep(0.05)  # a's lease lapsed: nobody was handed it
     assert (await acquire(r, "newcomer"))[0] == 1
-    assert await r.lrange("aiolock:lock:{n}:q", 0, -1) == [b"remote"]
+    assert await queued(r) == ["remote"]
     await release(r, "newcomer")
     assert (await r.hget("aiolock:lock:{n}", "owner")) == b"remote"
 
@@ -194,11 +199,11 @@ async def test_fair_queue_order_and_refresh(r: Any) -> None:
     assert (await acquire(r, "a", fair=True))[0] == 1
     assert (await acquire(r, "b", fair=True))[0] == 0
     assert (await acquire(r, "c", fair=True))[0] == 0
-    assert await r.lrange("aiolock:lock:{n}:q", 0, -1) == [b"b", b"c"]
+    assert await queued(r) == ["b", "c"]
     await release(r, "a")
     assert (await acquire(r, "c", fair=True))[0] == 0  # not c's turn: b is first
     assert (await acquire(r, "b", fair=True))[0] == 1
-    assert await r.lrange("aiolock:lock:{n}:q", 0, -1) == [b"c"]
+    assert await queued(r) == ["c"]
     busy = await acquire(r, "c", fair=True)
     assert busy[0] == 0 and 0 < busy[1] <= 10_000 // 3  # refresh within a third of its ttl
 
@@ -208,7 +213,7 @@ async def test_fair_abandon_leaves_queue_and_wakes_next(r: Any) -> None:
     await acquire(r, "b", fair=True)
     await acquire(r, "c", fair=True)
     await release(r, "b", abandon=True)
-    assert await r.lrange("aiolock:lock:{n}:q", 0, -1) == [b"c"]
+    assert await queued(r) == ["c"]
     await release(r, "a")  # hands it to c
     assert (await acquire(r, "c", fair=True))[0] == 1
 
@@ -357,3 +362,65 @@ async def test_revoke_marks_the_holder_and_hands_the_lock_on(r: Any) -> None:
     ks = ["aiolock:sem:{n}:h", "aiolock:sem:{n}:ht"]
     assert await r.eval(RENEW.source, 2, *ks, "z", "p1", 5000) == [-1]
     assert await run(r, REVOKE, shared_keys("-", "sem"), "sem", "0", 60_000) == 0
+
+
+async def test_trusted_publish_counts_skip_a_waiter_nobody_hears(r: Any) -> None:
+    """ARGV[9] = "1" (plain Redis): the entry carries the registration and the PUBLISH's
+    count tells whether the waiter's process still listens -- no read of its waiter key.
+    A waiter whose inbox nobody hears (a dead process) is skipped; if nobody is left, the
+    lock is freed (not left to a dead waiter)."""
+    pubsub = r.pubsub()
+    await pubsub.subscribe("inbox-live")
+    await acquire(r, "a")
+    await acquire(r, "dead")  # registered, but its process (inbox) is gone
+    await acquire(r, "live")
+    reply = await run(r, RELEASE, keys("n", "a"), "a", "chan", "0", 0, "", 0, "", "0", "1")
+    assert reply[:2] == [1, b"live"]
+    assert await r.hget("aiolock:lock:{n}", "owner") == b"live"
+    assert await queued(r) == []
+    await acquire(r, "dead2")
+    reply = await run(r, RELEASE, keys("n", "live"), "live", "chan", "0", 0, "", 0, "", "0", "1")
+    assert reply[:2] == [1, b""]  # handed to nobody: free
+    assert not await r.exists("aiolock:lock:{n}")
+    await pubsub.aclose()
+
+
+async def test_an_entry_of_the_owner_alone_is_still_handed_over(r: Any) -> None:
+    """aiolock before this layout queued the owner alone: its registration is read from its
+    waiter key, whether PUBLISH counts are trusted or not."""
+    await acquire(r, "a")
+    await acquire(r, "b")
+    await r.delete("aiolock:lock:{n}:q")
+    await r.rpush("aiolock:lock:{n}:q", "b")  # as an older aiolock queued it
+    assert (await release_reply(r, "a"))[:2] == [1, b"b"]
+
+
+async def test_abandon_removes_its_entry_even_if_its_waiter_key_lapsed(r: Any) -> None:
+    await acquire(r, "a")
+    await acquire(r, "b")
+    await acquire(r, "c")
+    await r.delete("aiolock:lock:{n}:x:b")  # b's registration lapsed (a stalled process)
+    await run(r, RELEASE, keys("n", "b"), "b", "chan", "1", 60_000, "", 0, "", "0", "1",
+              10_000, "inbox-b", "")
+    assert await queued(r) == ["c"]
+
+
+async def test_only_the_first_waiter_watches_the_holders_lease(r: Any) -> None:
+    """The first registered waiter retries when the holder's lease ends (should the holder
+    die); the others within a third of their waiter ttl (a release hands it on in order)."""
+    await acquire(r, "a", ttl=1_000)
+    first = await acquire(r, "b", ttl=30_000)
+    second = await acquire(r, "c", ttl=30_000)
+    assert first[0] == 0 and 900 < first[1] <= 1_000
+    assert second[0] == 0 and second[1] == 10_000
+
+
+async def test_a_refresh_keeps_one_entry_per_waiter(r: Any) -> None:
+    await acquire(r, "a")
+    await acquire(r, "b")
+    await acquire(r, "c")
+    await acquire(r, "b")  # the same registration: it keeps its place
+    assert await queued(r) == ["b", "c"]
+    await acquire(r, "b", ttl=20_000)  # registered otherwise: one entry, the new one
+    entries = await r.lrange("aiolock:lock:{n}:q", 0, -1)
+    assert [e.decode() for e in entries] == ["c|10000|7|inbox-c", "b|20000|7|inbox-b"]

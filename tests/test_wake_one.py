@@ -80,3 +80,98 @@ async def test_every_process_gets_in_within_a_bounded_number_of_handoffs(
     longest = max(worst.values())
     assert longest <= bound, f"a process waited {longest} acquisitions (bound {bound})"
     assert min(per_proc.values()) >= 0.3 * max(per_proc.values()), per_proc
+
+
+async def test_a_killed_waiting_process_does_not_hold_up_the_lock(
+    own_server: RedisServer, procs: Procs  # noqa: F811
+) -> None:
+    """A waiting process is killed (SIGKILL: no abandon): its queue entry stays, but the
+    release that reaches it hears nobody on its inbox (the PUBLISH count) and hands the
+    lock to the next waiter at once -- not after the dead one's 5 s lease."""
+    import signal
+    import time
+
+    name = "killed-waiter"
+    admin = aioredis.Redis.from_url(own_server.url)
+    async with aiolock.connect(own_server.url) as locks:
+        lease = await locks.lock(name, ttl=5).acquire()
+        dead = await procs.spawn("waiter.py", own_server.url, name, "0", "0")
+        await dead.expect("WAITING", 20)
+        await asyncio.sleep(0.5)  # it registered (first in the queue)
+        live = await procs.spawn("waiter.py", own_server.url, name, "0", "0")
+        await live.expect("WAITING", 20)
+        await asyncio.sleep(0.5)
+        assert await admin.llen(f"aiolock:lock:{{{name}}}:q") == 2
+        dead.signal(signal.SIGKILL)
+        await dead.finish(10)
+        await asyncio.sleep(0.2)  # the server notices its pub/sub connection closed
+        began = time.monotonic()
+        await lease.release()
+        await live.expect("ACQUIRED", 20)
+        assert time.monotonic() - began < 2.0
+        assert await live.finish(10) == 0, live.output()
+    await admin.aclose()
+
+
+async def test_a_claim_whose_abandon_failed_hands_on_a_lock_it_is_handed(
+    own_server: RedisServer,  # noqa: F811
+) -> None:
+    """A waiting claim's abandon fails (the server away for that request): its queue entry
+    stays, its process lives on. When a release hands it the lock, the process abandons it
+    again, which hands the lock on to the next waiter, at once."""
+    from aiolock._waiter import LocalWaiter
+    from aiolock.abc import Busy, Claim, Kind
+
+    async with aiolock.connect(own_server.url) as locks, \
+            aiolock.connect(own_server.url) as other, aiolock.connect(own_server.url) as third:
+        backend = locks.backend
+        assert isinstance(backend, redis_backend.RedisBackend)
+        lease = await other.lock("orphan", ttl=5).acquire()
+        claim = Claim("orphan", Kind.LOCK, "orphan-claim", 5_000, waits=True)
+        waiter = LocalWaiter(claim)
+        await backend.listen("orphan", Kind.LOCK, waiter)
+        assert isinstance(await backend.try_acquire(claim), Busy)  # registered
+        backend.unlisten("orphan", Kind.LOCK, waiter)
+        real = backend._release
+
+        async def unreachable(*args: object, **kwargs: object) -> object:
+            raise aiolock.BackendUnavailable("away")
+
+        backend._release = unreachable  # type: ignore[method-assign]
+        with pytest.raises(aiolock.BackendUnavailable):
+            await backend.abandon(claim)
+        backend._release = real  # type: ignore[method-assign]
+        nxt = asyncio.ensure_future(third.lock("orphan", ttl=5).acquire(timeout=3))
+        await asyncio.sleep(0.3)  # it waits behind the orphan
+        await lease.release()  # -> the orphan -> abandoned again -> the next waiter
+        second = await nxt
+        await second.release()
+
+
+async def test_a_hand_off_costs_one_script_of_seven_commands(
+    own_server: RedisServer,  # noqa: F811
+) -> None:
+    """A release that hands the lock to a waiter of another process costs the RELEASE
+    script and 6 commands in it (HGET, LPOP, INCR, HSET, PEXPIRE, PUBLISH): the waiter's
+    key is not read (its queue entry carries its registration, the PUBLISH count tells it
+    is live), and the waiter takes the grant from the message, without a request."""
+    admin = aioredis.Redis.from_url(own_server.url)
+
+    async def calls() -> dict[str, int]:
+        stats = await admin.info("commandstats")
+        return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+    async with aiolock.connect(own_server.url) as one, aiolock.connect(own_server.url) as two:
+        lease = await one.lock("hand-off-cost", ttl=5).acquire()
+        waiting = asyncio.ensure_future(two.lock("hand-off-cost", ttl=5).acquire(timeout=5))
+        await asyncio.sleep(0.3)  # registered, and listening on its inbox
+        before = await calls()
+        await lease.release()
+        second = await waiting
+        after = await calls()
+        await second.release()
+    await admin.aclose()
+    spent = {k: n - before.get(k, 0) for k, n in after.items() if n - before.get(k, 0)}
+    spent.pop("info", None)
+    assert spent == {"evalsha": 1, "hget": 1, "lpop": 1, "incr": 1, "hset": 1, "pexpire": 1,
+                     "publish": 1}, spent

@@ -137,10 +137,13 @@ async def release_lock(
     """Run RELEASE for a plain lock or a leadership, handing it to ``heir`` (a local
     hand-off) or the server's first live waiter; 1 if ``claim`` held it."""
     sent = time.monotonic()
+    # an abandon also names its queue entry (its registration), in case its waiter key lapsed
+    mine = (claim.ttl_ms, backend.inbox, claim.info) if flag == "1" and backend.handoffs else ()
     reply = await backend._run(
         RELEASE, keys, claim.owner, keys[0], flag, tomb,
         heir.owner if heir is not None else "", heir.ttl_ms if heir is not None else 0,
-        heir.info if heir is not None else "", _announce(claim), on_retry=on_retry,
+        heir.info if heir is not None else "", _announce(claim),
+        "1" if backend.publish_counts else "0", *mine, on_retry=on_retry,
     )
     released, owner, token, queued = reply
     owner = _text(owner)

@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from ..abc import Claim, Waiter
@@ -41,6 +41,8 @@ log = logging.getLogger("aiolock.backends.redis")
 
 #: Seconds a channel stays subscribed after its last waiter left.
 IDLE_UNSUBSCRIBE = 10.0
+#: Claims kept whose abandon failed (see :meth:`Signals.orphan`), the latest ones.
+MAX_ORPHANS = 1000
 
 
 class Signals:
@@ -61,6 +63,9 @@ class Signals:
         #: (plain locks), so that a grant naming it finds it (see the module doc)
         self.claims: dict[str, Claim] = {}
         self._inboxes: set[str] = set()  # channels that carry hand-offs of many locks
+        #: owner id -> (claim, retry) for claims whose abandon failed: a release may still
+        #: hand them the lock (their queue entry stayed), and then ``retry(claim)`` runs
+        self._orphans: dict[str, tuple[Claim, Callable[[Claim], Awaitable[None]]]] = {}
         self._background: set[asyncio.Future[None]] = set()
         self._subscribing = asyncio.Lock()
         self._closed = False
@@ -181,11 +186,22 @@ class Signals:
         waiter."""
         claim = self.claims.pop(owner, None) or claim
         if claim is None:
-            return  # another process's claim
+            orphan = self._orphans.pop(owner, None)
+            if orphan is not None and not self._closed:
+                self._spawn(_quietly(orphan[1](orphan[0])))
+            return  # a claim no longer waiting
         claim.state["grant"] = token
         for waiter in self._waiters.get(channel, ()):
             if waiter.claim is claim:
                 waiter.wake(owner)
+
+    def orphan(self, claim: Claim, retry: Callable[[Claim], Awaitable[None]]) -> None:
+        """``claim``'s abandon failed, so the server may still queue it: if a release
+        hands it the lock, run ``retry(claim)`` (abandon it again, handing the lock on)
+        rather than leave the lock to nobody until its lease ends."""
+        if len(self._orphans) >= MAX_ORPHANS:
+            del self._orphans[next(iter(self._orphans))]
+        self._orphans[claim.owner] = (claim, retry)
 
     def forget_local_release(self, owner: str) -> None:
         self._local_releases.discard(owner)
@@ -287,6 +303,13 @@ class Signals:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
         self._wake_all()
+
+
+async def _quietly(step: Awaitable[None]) -> None:
+    try:
+        await step
+    except Exception as exc:
+        log.debug("could not abandon a claim handed the lock: %s", exc)
 
 
 def _retrieved(fut: asyncio.Future[None]) -> None:

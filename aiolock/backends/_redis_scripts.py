@@ -9,7 +9,9 @@ the hash tag ``{<escaped name>}`` so they live in one cluster slot:
                               for gttl - PTTL ms, until the first renewal sets since,
                               so a grant needs no TIME); expires with the lease
     KEYS[2]  token counter    INCR'ed per grant; never expires, so tokens never repeat
-    KEYS[3]  queue            list of waiting owner ids, in arrival order
+    KEYS[3]  queue            list of waiters, in arrival order: owner ids (read-write
+                              locks, semaphores), ``<owner>|<registration>`` (plain
+                              locks, see ``WAITER``)
     KEYS[4]  queue deadlines  zset owner id -> server-clock ms after which the place lapses
                               (read-write locks and semaphores; plain locks use KEYS[5])
     KEYS[5]  waiter key       of one claim: its tombstone (``a``, set by an abandon) bars a
@@ -90,18 +92,39 @@ end
 
 #: Waiting on a plain lock (``ACQUIRE``/``RELEASE``), fair or not: wake ONE waiter.
 #:
-#: A claim that will wait registers when it finds the lock busy: its owner id goes at the
-#: end of the list KEYS[3] and its *waiter key* ``<KEYS[1]>:x:<owner>`` (KEYS[5] of its
-#: own calls; same hash tag, so the same cluster slot) holds its registration
-#: ``<lease ttl ms>|<inbox length>|<inbox><holder record>``, expiring after the waiter
-#: ttl unless the waiter comes back (it does, every third of that). A release hands the
-#: lock straight to the first live waiter of the list -- new token, lease of that
-#: waiter's ttl, its holder record -- and publishes ``<KEYS[1]>|<new owner>|<token>`` on
-#: that waiter's *inbox*, a pub/sub channel of its process: one message, heard by one
-#: process, no retry round trip. Entries whose waiter key lapsed (a dead process) or
-#: holds a tombstone are skipped. The waiter key also holds the tombstone (``'a'``, an
+#: A claim that will wait registers when it finds the lock busy: its *waiter key*
+#: ``<KEYS[1]>:x:<owner>`` (KEYS[5] of its own calls; same hash tag, so the same cluster
+#: slot) holds its registration ``<lease ttl ms>|<inbox length>|<inbox><holder record>``,
+#: expiring after the waiter ttl unless the waiter comes back (it does, every third of
+#: that), and its *entry* ``<owner>|<registration>`` goes at the end of the list KEYS[3]
+#: (an entry without ``|``, as aiolock wrote before, is the owner alone: its registration
+#: is read from its waiter key). A release hands the lock straight to the first live
+#: waiter of the list -- new token, lease of that waiter's ttl, its holder record -- and
+#: publishes ``<KEYS[1]>|<new owner>|<token>`` on that waiter's *inbox*, a pub/sub
+#: channel of its process: one message, heard by one process, no retry round trip.
+#:
+#: Which waiters are live: where the caller says PUBLISH counts can be trusted (plain
+#: Redis: every subscriber of an inbox is on this server; RELEASE's ARGV[9]), the entry
+#: carries the registration and the PUBLISH's count says whether the waiter's process is
+#: still there (its inbox is subscribed while it runs): a count of 0 (a dead process, or
+#: one whose pub/sub connection is down, which wakes its waiters itself when it is back)
+#: moves on to the next entry -- no read of the waiter key, no extra command. (A pattern
+#: subscriber matching the inboxes, such as ``PSUBSCRIBE *``, is counted too: a dead
+#: waiter then looks live, and costs its lease ttl once handed the lock.) Elsewhere
+#: (Cluster, Sentinel: a subscriber may sit on another node) and in REVOKE, each entry's
+#: waiter key is read as before: skipped if it lapsed or holds a tombstone. An abandon
+#: removes its entry in the same script that sets its tombstone, so a queued entry is
+#: never one of an abandoned claim. The waiter key also holds the tombstone (``'a'``, an
 #: abandoned claim), the release marker (``'r'``) and the revocation mark (``'v'``),
 #: which bar a grant.
+#:
+#: Timers, should no release come (a holder that died): the first waiter of the queue is
+#: told to retry when the holder's lease ends, the others within a third of their waiter
+#: ttl (they refresh their registration then). So a dead holder's lock is taken within
+#: its remaining lease, or, if the first waiter died with it, a third of a waiter ttl
+#: after that. A hand-off message lost (its pub/sub connection broke: reconnecting wakes
+#: every waiter of the process to ask) costs its waiter at most its timer, a third of
+#: its waiter ttl at most.
 #:
 #: A release may instead name a waiting claim of its own process (ARGV[5]): it hands the
 #: lock to that one, queue or not, and says so in its reply (a local hand-off) -- the
@@ -110,10 +133,12 @@ end
 #:
 #: Lua helpers of ACQUIRE, RELEASE and REVOKE: ``registration(x)``, a waiter key's value
 #: -> ttl, inbox, holder record (nil for anything else: none, a tombstone, a marker);
-#: ``take(owner, ttl, info, queued)`` grants KEYS[1] (a new token; every 8th grant from
-#: the queue also renews the queue's expiry); ``hand_over(announce)`` grants
-#: it to the first live registered waiter and tells its process (and, for an election,
-#: the observers on KEYS[1]): the new owner and its token, or nil if nobody waits.
+#: ``entry(owner, x)`` a queue entry and ``parse_entry(e)`` -> owner, registration (nil
+#: for an entry of the owner alone); ``take(owner, ttl, info, queued)`` grants KEYS[1] (a
+#: new token; every 64th grant from the queue also renews the queue's expiry);
+#: ``hand_over(announce, trust)`` grants it to the first live registered waiter and tells
+#: its process (and, for an election, the observers on KEYS[1]): the new owner and its
+#: token, or nil if nobody waits (trust: the PUBLISH count decides who is live, see above).
 WAITER = """
 local function registration(x)
   if not x then return nil end
@@ -122,26 +147,41 @@ local function registration(x)
   n = tonumber(n)
   return tonumber(ttl), string.sub(rest, 1, n), string.sub(rest, n + 1)
 end
-local function queue_ttl(wttl) return math.max(4 * wttl, 600000) end
+local function entry(owner, x) return owner .. '|' .. x end
+local function parse_entry(e)
+  local owner, x = string.match(e, '^([^|]*)|(.*)$')
+  if owner then return owner, x end
+  return e, nil
+end
+-- the queue's expiry: renewed at least every 64 grants from it, which come within a
+-- third of a waiter ttl of each other while it never empties (else waiters refresh it)
+local function queue_ttl(wttl) return math.max(24 * wttl, 600000) end
 local function take(owner, ttl, info, queued)
   local token = redis.call('incr', KEYS[2])
   redis.call('hset', KEYS[1], 'owner', owner, 'token', token, 'info', info, 'gttl', ttl)
   redis.call('pexpire', KEYS[1], ttl)
-  if queued and token % 8 == 0 then redis.call('pexpire', KEYS[3], queue_ttl(ttl)) end
+  if queued and token % 64 == 0 then redis.call('pexpire', KEYS[3], queue_ttl(ttl)) end
   return token
 end
-local function hand_over(announce)
-  local next = redis.call('lpop', KEYS[3])
-  while next do
-    local ttl, inbox, info = registration(redis.call('get', KEYS[1] .. ':x:' .. next))
+local function hand_over(announce, trust)
+  local taken = false
+  local e = redis.call('lpop', KEYS[3])
+  while e do
+    local next, x = parse_entry(e)
+    if not (trust and x) then x = redis.call('get', KEYS[1] .. ':x:' .. next) end
+    local ttl, inbox, info = registration(x)
     if ttl then
       local token = take(next, ttl, info, true)
-      redis.call('publish', inbox, KEYS[1] .. '|' .. next .. '|' .. token)
-      if announce then redis.call('publish', KEYS[1], '|') end
-      return next, token
+      taken = true
+      local heard = redis.call('publish', inbox, KEYS[1] .. '|' .. next .. '|' .. token)
+      if heard > 0 or not trust then
+        if announce then redis.call('publish', KEYS[1], '|') end
+        return next, token
+      end
     end
-    next = redis.call('lpop', KEYS[3])
+    e = redis.call('lpop', KEYS[3])
   end
+  if taken then redis.call('del', KEYS[1]) end  -- granted to dead processes only
   return nil
 end
 """
@@ -156,8 +196,9 @@ end
 #: ARGV[6]  the claim's holder record (stored beside the grant; default '')
 #: ARGV[7]  "1" to announce a grant on KEYS[1] (an election's observers)
 #: returns  {1, token, ttl_ms}  granted (also if this owner already holds it)
-#:          {0, retry_ms, token} busy: retry within the holder's remaining ttl (and,
-#:                              registered, within a third of the waiter ttl); token:
+#:          {0, retry_ms, token} busy: retry within the holder's remaining ttl (a single
+#:                              try, or the first registered waiter), or within a third
+#:                              of the waiter ttl (the other registered waiters); token:
 #:                              the holder's (or the counter's), which a grant message
 #:                              for this claim must exceed to be believed
 #:          {-1}                the claim was abandoned or released
@@ -175,21 +216,25 @@ if lock[1] == me then
 end
 local ttl = tonumber(ARGV[2])
 local wttl = tonumber(ARGV[4])
+local value = ARGV[2] .. '|' .. #ARGV[5] .. '|' .. ARGV[5] .. info  -- its registration
 local retry, seen
 if not lock[1] then
   local x = redis.call('get', KEYS[5])
   if x and not registration(x) and x ~= 'v' then return {-1} end
   local head = false
   if ARGV[3] == '1' then  -- fair: only the first live waiter may take a free lock
-    head = redis.call('lindex', KEYS[3], 0)
-    while head and head ~= me and not registration(redis.call('get', KEYS[1] .. ':x:' .. head)) do
+    local e = redis.call('lindex', KEYS[3], 0)
+    while e do
+      head = parse_entry(e)
+      if head == me or registration(redis.call('get', KEYS[1] .. ':x:' .. head)) then break end
       redis.call('lpop', KEYS[3])
-      head = redis.call('lindex', KEYS[3], 0)
+      e = redis.call('lindex', KEYS[3], 0)
+      head = false
     end
   end
   if not head or head == me then
     if x then  -- it was registered: leave the queue
-      redis.call('lrem', KEYS[3], 1, me)
+      redis.call('lrem', KEYS[3], 1, entry(me, registration(x) and x or value))
       redis.call('del', KEYS[5])
     end
     local token = take(me, ttl, info, x or head)
@@ -199,25 +244,39 @@ if not lock[1] then
   retry = redis.call('pttl', KEYS[1] .. ':x:' .. head)  -- until the head's place lapses
   seen = tonumber(redis.call('get', KEYS[2]) or '0')
 else
-  retry = redis.call('pttl', KEYS[1])
   seen = tonumber(lock[2])
 end
 if wttl > 0 then
-  local value = ARGV[2] .. '|' .. #ARGV[5] .. '|' .. ARGV[5] .. info
   local old = redis.call('set', KEYS[5], value, 'PX', wttl, 'GET')
   if old and not registration(old) and old ~= 'v' then  -- a tombstone (or marker): put it back
     redis.call('set', KEYS[5], old, 'PX', math.max(60000, 2 * ttl))
     return {-1}
   end
-  -- the queue's expiry: set when it is made, by every refresh, and every 8th grant
-  -- (see take): a queue that never empties still never lapses under its waiters
-  if old and redis.call('lpos', KEYS[3], me) then
-    redis.call('pexpire', KEYS[3], queue_ttl(wttl))
-  elseif redis.call('rpush', KEYS[3], me) == 1 or old then
-    redis.call('pexpire', KEYS[3], queue_ttl(wttl))
+  -- its place in the queue (0: first); the queue's expiry: set when it is made, by
+  -- every refresh, and every 64th grant (see take), so it never lapses under waiters
+  local at = false
+  if old then
+    local was = entry(me, registration(old) and old or value)
+    at = redis.call('lpos', KEYS[3], was)
+    if at and old ~= value then  -- registered otherwise (not seen in practice): again
+      redis.call('lrem', KEYS[3], 1, was)
+      at = false
+    end
   end
+  if at then
+    redis.call('pexpire', KEYS[3], queue_ttl(wttl))
+  else
+    local n = redis.call('rpush', KEYS[3], entry(me, value))
+    if n == 1 or old then redis.call('pexpire', KEYS[3], queue_ttl(wttl)) end
+    at = n - 1
+  end
+  -- the first waiter retries when the holder's lease ends (should its holder die);
+  -- the others within a third of their waiter ttl: a release hands it to them first
+  if not retry and at == 0 then retry = redis.call('pttl', KEYS[1]) end
   local refresh = math.floor(wttl / 3)
-  if retry > refresh then retry = refresh end
+  if not retry or retry > refresh then retry = refresh end
+elseif not retry then
+  retry = redis.call('pttl', KEYS[1])
 end
 if retry < 1 then retry = 1 end
 return {0, retry, seen}
@@ -237,6 +296,9 @@ return {0, retry, seen}
 #:          it was abandoned), lease ARGV[6] ms, holder record ARGV[7]; '': hand it to
 #:          the first live waiter
 #: ARGV[8]  "1" to announce every change on KEYS[1] (an election's observers)
+#: ARGV[9]  "1" to trust PUBLISH counts to tell live waiters (see WAITER)
+#: ARGV[10..12]  an abandoned claim's lease ttl, inbox and holder record: its queue
+#:          entry, removed even if its waiter key lapsed (optional)
 #: publishes ``<KEYS[1]>|<new owner>|<token>`` on the new owner's inbox when it handed
 #:          the lock over (only that process hears it); else, when it freed the lock,
 #:          ``<owner>|`` on the lock's own channel KEYS[1] (for listeners that do not
@@ -256,21 +318,25 @@ if holder == me then
 end
 released = release_marker(released)
 if ARGV[3] == '1' then
-  redis.call('set', KEYS[5], 'a', 'PX', ARGV[4])
-  redis.call('lrem', KEYS[3], 1, me)
+  local x = redis.call('set', KEYS[5], 'a', 'PX', ARGV[4], 'GET')
+  if registration(x) then redis.call('lrem', KEYS[3], 1, entry(me, x)) end
+  if ARGV[10] then
+    local mine = entry(me, ARGV[10] .. '|' .. #ARGV[11] .. '|' .. ARGV[11] .. (ARGV[12] or ''))
+    if mine ~= entry(me, x or '') then redis.call('lrem', KEYS[3], 1, mine) end
+  end
   if not holder then free = true end
 end
 if not free then return {released, '', 0, 0} end
 if ARGV[5] ~= '' and holder then
   local x = redis.call('get', KEYS[1] .. ':x:' .. ARGV[5])
   if not x or registration(x) then
-    if x then redis.call('lrem', KEYS[3], 1, ARGV[5]) end
+    if x then redis.call('lrem', KEYS[3], 1, entry(ARGV[5], x)) end
     local token = take(ARGV[5], ARGV[6], ARGV[7] or '', x)
     if announce then redis.call('publish', KEYS[1], '|') end
     return {released, ARGV[5], token, redis.call('llen', KEYS[3])}
   end
 end
-local next, token = hand_over(announce)
+local next, token = hand_over(announce, ARGV[9] == '1')
 if next then return {released, next, token, 0} end
 if holder then
   redis.call('del', KEYS[1])

@@ -9,11 +9,12 @@ away); ``scripting=on`` never falls back.
 
 The keys are the Lua path's (see :mod:`aiolock.backends._redis_scripts`), so a lock held
 through one path is held for the other: the lock hash ``<prefix>:lock:{<name>}`` (fields
-``owner``, ``token``, ``info``, ``since``; expires with the lease), the token counter ``...:seq`` (never
-expires) and, read only to hand the lock over, the Lua path's waiting queue ``...:q`` and
-waiter keys ``...:x:<owner>``. Each primitive is one transaction on a connection of its
-own for its round trips (see :mod:`aiolock.backends._redis_lend`; every option of the URL
-applies to it), renewals and releases in slots of their own (:data:`URGENT`):
+``owner``, ``token``, ``info``, ``since``; expires with the lease), the token counter
+``...:seq`` (never expires) and, read only to hand the lock over, the Lua path's waiting
+queue ``...:q`` (entries ``<owner>|<registration>``) and waiter keys ``...:x:<owner>``.
+Each primitive is one transaction on a connection of its own for its round trips (see
+:mod:`aiolock.backends._redis_lend`; every option of the URL applies to it), renewals
+and releases in slots of their own (:data:`URGENT`):
 
 * acquire: ``WATCH`` the lock hash, the counter and the claim's waiter key, read them
   and ``TIME`` (one round trip: all if the lock is held); if the lock is free,
@@ -289,7 +290,7 @@ class RedisTxnBackend(RedisBackend):
         path if any (its waiter key now watched too), else free."""
         queue, plan = base + ":q", []
         if waiting:
-            names = [_text(w) for w in waiting]
+            names = [_text(w).partition("|")[0] for w in waiting]  # <owner>|<registration>
             xkeys = [f"{base}:x:{w}" for w in names]
             _, values, now = await conn.run(("WATCH", *xkeys), ("MGET", *xkeys), ("TIME",))
             for i, (name, value) in enumerate(zip(names, values, strict=True)):

@@ -81,6 +81,11 @@ class RedisBackend(Backend):
     #: Take a hand-off message (or a local hand-off's reply) as the grant, without a
     #: round trip. Sentinel does not: the round trip also finds the current master.
     trust_handoffs: ClassVar[bool] = True
+    #: A PUBLISH's count of receivers tells whether a waiter's process still listens
+    #: (see ``WAITER`` in ``_redis_scripts``): every subscriber is on the one server the
+    #: scripts run on. Not on Cluster (a subscriber may sit on another node) nor
+    #: Sentinel (on a replica, during a failover): their releases read waiter keys.
+    publish_counts: ClassVar[bool] = True
     #: Register waiting claims on the server and hand the lock to them at release (one
     #: process woken per release, issue 10). Redlock turns it off for its nodes: a node
     #: must never grant one of its claims on its own, a majority decides.
@@ -308,7 +313,13 @@ class RedisBackend(Backend):
 
     async def abandon(self, claim: Claim) -> None:
         self.signals.claims.pop(claim.owner, None)
-        await self._release(claim, self._keys(claim.name, claim.owner, claim.kind), abandon=True)
+        try:
+            await self._release(claim, self._keys(claim.name, claim.owner, claim.kind),
+                                abandon=True)
+        except BaseException:
+            if claim.kind in _HANDOFF and self.handoffs:  # its queue entry may stay
+                self.signals.orphan(claim, self.abandon)
+            raise
 
     async def _release(
         self, claim: Claim, keys: list[str], *, abandon: bool, heir: Claim | None = None,

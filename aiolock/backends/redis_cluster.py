@@ -153,6 +153,7 @@ class RedisClusterBackend(RedisBackend):
 
     schemes: ClassVar[tuple[str, ...]] = ("redis+cluster",)
     capabilities: ClassVar[frozenset[Capability]] = RedisBackend.capabilities
+    publish_counts: ClassVar[bool] = False  # a PUBLISH counts the receivers of one node
 
     def __init__(
         self, cluster: RedisCluster, *, prefix: str = "aiolock", request_timeout: float = 5.0,

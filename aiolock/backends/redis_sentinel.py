@@ -143,6 +143,7 @@ class RedisSentinelBackend(RedisBackend):
     #: a waiter handed the lock asks once more: that request also follows a failover
     #: (a grant heard from the old master must not be taken for one on the new)
     trust_handoffs: ClassVar[bool] = False
+    publish_counts: ClassVar[bool] = False  # pub/sub may sit on a replica (a failover)
 
     def __init__(
         self, sentinel: Sentinel, service_name: str, *, prefix: str = "aiolock",
