@@ -28,6 +28,7 @@ ACL_USERS = [
     "default on nopass ~* &* +@all",
     f"noscript on >{SECRET} ~* &* +@all -@scripting",
     f"notx on >{SECRET} ~* &* +@all -@scripting -@transaction",
+    f"noevalsha on >{SECRET} ~* &* +@all -evalsha -eval -evalsha_ro -eval_ro",
     # the least-privilege line of docs/backends/redis-noscripting.md, word for word
     f"minimal on >{SECRET} ~aiolock:* resetchannels &aiolock:* -@all +ping +watch +unwatch"
     " +multi +exec +get +set +mget +incr +del +hget +hmget +hset +pttl +pexpire +lrange"
@@ -202,6 +203,10 @@ SLOW_OFF = {
 # Further variants that guard a promise the default run already covers (slow tier).
 SLOW_IDS = {
     "test_tampered_lease_spares_rest_of_renewal_batch[lua-delete]",
+    "test_tampered_lease_spares_rest_of_renewal_batch[tx-delete]",
+    "test_frozen_server_bounded[lock]",
+    "test_max_connections_n_holds_n_leases[lock-2]",
+    "test_max_connections_n_holds_n_leases[row-2]",
     "test_watchdog_keeps_lease_several_ttls[row]",
     "test_watchdog_false_expires_and_extend[auto-noscript]",
 }

@@ -100,6 +100,21 @@ async def test_user_without_transactions_either(tx_redis: Any, name: str) -> Non
         assert SECRET not in str(err.value)
 
 
+async def test_script_load_allowed_evalsha_refused(tx_redis: Any, name: str) -> None:
+    """SCRIPT LOAD allowed, EVALSHA refused: auto falls back or refuses clearly, at once."""
+    url = user_url(tx_redis, "noevalsha")
+    async with asyncio.timeout(10):
+        try:
+            async with aiolock.connect(url) as locks, aiolock.connect(url) as other:
+                async with locks.lock(name, ttl=1) as lease:
+                    with pytest.raises(aiolock.LockTimeout):
+                        await other.lock(name, ttl=1).acquire(timeout=0)
+                assert not await other.lock(name).locked()
+                assert isinstance(lease.token, int)
+        except aiolock.AccessDenied as exc:
+            assert SECRET not in str(exc)
+
+
 async def test_renamed_script_commands_fall_back(renamed_redis: Any, name: str) -> None:
     """EVAL/EVALSHA/SCRIPT renamed away ("unknown command"): auto uses transactions."""
     async with aiolock.connect(f"redis://127.0.0.1:{renamed_redis.port}/0") as locks:
@@ -246,7 +261,7 @@ async def test_mutual_exclusion_and_tokens_many_tasks_both_paths(lua_url: str, a
     inside = 0
     order: list[int] = []
     overlaps = 0
-    end = time.monotonic() + 1.5
+    end = time.monotonic() + 1.0
 
     async def worker(locks: aiolock.Locks) -> None:
         nonlocal inside, overlaps
@@ -357,7 +372,7 @@ async def test_waiter_woken_by_release_not_ttl(holder_path: str, lua_url: str, t
 async def test_watchdog_keeps_lease_several_ttls(tx_url: str, lua_url: str, name: str) -> None:
     async with aiolock.connect(tx_url) as locks, aiolock.connect(lua_url) as other, \
             locks.lock(name, ttl=0.6) as lease:
-        end = time.monotonic() + 2.0
+        end = time.monotonic() + 1.6
         while time.monotonic() < end:
             assert not lease.lost
             with pytest.raises(aiolock.LockTimeout):
@@ -389,7 +404,7 @@ async def test_loss_detected_when_key_tampered(tamper: str, tx_url: str, raw_red
                                                name: str) -> None:
     """The lock hash deleted / its owner replaced / replaced by a string behind the holder:
     the lease is lost within ttl/3 (+ slack), the body cancelled, LockLost raised."""
-    ttl = 1.5
+    ttl = 1.2
     async with aiolock.connect(tx_url) as locks:
         body_cancelled = False
         t0 = 0.0
@@ -553,7 +568,7 @@ async def test_tampered_lease_spares_rest_of_renewal_batch(path: str, tamper: st
                                                            auto_url: str, raw_redis: Any,
                                                            name: str) -> None:
     """One lease of a watchdog batch deleted or replaced by a string: the others stay held."""
-    ttl = 0.9
+    ttl = 0.6
     async with aiolock.connect(lua_url if path == "lua" else auto_url) as locks:
         leases = [await locks.lock(f"{name}-{i}", ttl=ttl).acquire() for i in range(12)]
         victim = lock_key(f"{name}-5")
@@ -566,3 +581,46 @@ async def test_tampered_lease_spares_rest_of_renewal_batch(path: str, tamper: st
             await lease.release()
         await raw_redis.delete(victim)
     assert lost == [5]
+
+
+@pytest.fixture
+def private_redis() -> Any:
+    """A redis-server of the test alone (restarted by it), with the ACL users."""
+    from ..adversarial.servers import PasswordRedis
+    from .conftest import ACL_USERS
+
+    server = PasswordRedis(users=ACL_USERS).start()
+    yield server
+    server.close()
+
+
+async def test_server_restart_loses_lease_then_works(private_redis: Any, name: str) -> None:
+    url = user_url(private_redis, "noscript")
+    ttl = 1.5
+    async with aiolock.connect(url) as locks:
+        assert C.FAIR not in locks.capabilities
+        lease = await locks.lock(name, ttl=ttl).acquire()
+        private_redis.restart()
+        restarted = time.monotonic()
+        await asyncio.wait_for(lease.wait_lost(), ttl + 2)
+        assert time.monotonic() - restarted < ttl / 3 + 1.0
+        async with locks.lock(name, ttl=ttl, timeout=5) as again:
+            assert isinstance(again.token, int)
+            info = await locks.status(name)
+            assert info.held and info.token == again.token
+
+
+async def test_waiter_survives_pubsub_kill(auto_url: str, raw_redis: Any, name: str) -> None:
+    """The pub/sub connections killed while a transaction-path waiter waits: the release
+    still reaches it quickly (a reconnect retries at once), well before the 20 s ttl."""
+    async with aiolock.connect(auto_url) as holder, aiolock.connect(auto_url) as waiter:
+        lease = await holder.lock(name, ttl=20).acquire()
+        task = asyncio.create_task(waiter.lock(name, ttl=5).acquire(timeout=10))
+        await asyncio.sleep(0.3)
+        await raw_redis.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        await asyncio.sleep(0.5)
+        released = time.monotonic()
+        await lease.release()
+        got = await task
+        assert time.monotonic() - released < 1.5
+        await got.release()
