@@ -207,7 +207,10 @@ SLOW_IDS = {
     "test_frozen_server_bounded[lock]",
     "test_max_connections_n_holds_n_leases[lock-2]",
     "test_max_connections_n_holds_n_leases[row-2]",
-    "test_watchdog_keeps_lease_several_ttls[row]",
+    "test_waiter_woken_by_release_not_ttl[auto-noscript-lua]",
+    "test_killed_connection_loses_lease_and_frees_lock[row]",
+    "test_mutual_exclusion_and_tokens_many_tasks[row]",
+    "test_watchdog_keeps_lease_several_ttls[lock]",
     "test_watchdog_false_expires_and_extend[auto-noscript]",
 }
 

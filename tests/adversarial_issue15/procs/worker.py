@@ -4,7 +4,7 @@
 ``WRITE <token>`` (a write it would make) while ``lease.lost`` is false, ``LOST`` when it
 is; ``LOCKLOST`` when the block raises LockLost.
 
-``churn URL NAME SECONDS TASKS COUNTER_URL``: TASKS tasks acquire and release NAME for
+``churn URL NAME SECONDS TASKS COUNTER_URL [TTL HOLD]``: TASKS tasks acquire and release NAME for
 SECONDS; inside, each INCRs a Redis counter (``COUNTER_URL``) that must read 1 (else
 ``OVERLAP``) and DECRs it; at the end ``TOKENS t,t,...`` (grant order of this process).
 """
@@ -34,7 +34,8 @@ async def hold(url: str, name: str, ttl: float) -> None:
             print("LOCKLOST", flush=True)
 
 
-async def churn(url: str, name: str, seconds: float, tasks: int, counter_url: str) -> None:
+async def churn(url: str, name: str, seconds: float, tasks: int, counter_url: str,
+                ttl: float = 5.0, hold: float = 0.002) -> None:
     import redis.asyncio as aioredis
 
     counter = aioredis.from_url(counter_url)
@@ -45,14 +46,19 @@ async def churn(url: str, name: str, seconds: float, tasks: int, counter_url: st
 
     async def one(locks: aiolock.Locks) -> None:
         nonlocal overlaps
-        lock = locks.lock(name, ttl=5)
+        lock = locks.lock(name, ttl=ttl)
         while time.monotonic() < end:
-            async with lock as lease:
-                if await counter.incr(key) != 1:
-                    overlaps += 1
-                tokens.append(lease.token)
-                await asyncio.sleep(random.random() * 0.002)
-                await counter.decr(key)
+            try:
+                async with lock as lease:
+                    if await counter.incr(key) != 1:
+                        overlaps += 1
+                    tokens.append(lease.token)
+                    try:
+                        await asyncio.sleep(random.random() * hold)
+                    finally:
+                        await counter.decr(key)
+            except aiolock.LockLost:
+                print("LEASELOST", flush=True)
 
     async with aiolock.connect(url) as a, aiolock.connect(url) as b:
         await asyncio.gather(*(one(a if i % 2 else b) for i in range(tasks)))
@@ -66,7 +72,8 @@ def main() -> None:
     if mode == "hold":
         asyncio.run(hold(args[0], args[1], float(args[2])))
     elif mode == "churn":
-        asyncio.run(churn(args[0], args[1], float(args[2]), int(args[3]), args[4]))
+        extra = [float(a) for a in args[5:]]
+        asyncio.run(churn(args[0], args[1], float(args[2]), int(args[3]), args[4], *extra))
     else:
         raise SystemExit(f"unknown mode {mode}")
 
