@@ -173,6 +173,8 @@ _BATCH = ("Redis (Lua and transaction path): one lock key replaced by a string (
           "every lease of the watchdog's renewal batch lapse, not just that one")
 _ROWPOOL = ("mysql ?mode=row: max_connections=n holds only n-1 leases (a grant needs a second "
             "pooled connection); max_connections=1 never grants, the error says 'raise max_connections'")
+_NOCREATE = ("mysql: with the three tables made beforehand, a user with SELECT/INSERT/UPDATE/"
+             "DELETE only is refused: 'CREATE command denied ... for table aiolock_tokens'")
 KNOWN_DEFECTS: dict[str, str] = {
     "test_empty_query_value_not_silently_dropped[?scripting=]": _EMPTY,
     "test_empty_query_value_not_silently_dropped[?bogus=]": _EMPTY,
@@ -184,6 +186,8 @@ KNOWN_DEFECTS: dict[str, str] = {
     "test_tampered_lease_spares_rest_of_renewal_batch[tx-wrong-type]": _BATCH,
     "test_max_connections_n_holds_n_leases[row-1]": _ROWPOOL,
     "test_max_connections_n_holds_n_leases[row-2]": _ROWPOOL,
+    "test_mysql_missing_tables_without_create[lock]": _NOCREATE,
+    "test_mysql_missing_tables_without_create[row]": _NOCREATE,
     "test_two_modes_keep_their_own_holder_records":
         "mysql: a name held in lock mode and in row mode shares one aiolock_holders row; the "
         "first holder's lease is then lost as 'revoked by an operator (force_release)'",
@@ -212,6 +216,11 @@ SLOW_IDS = {
     "test_mutual_exclusion_and_tokens_many_tasks[row]",
     "test_watchdog_keeps_lease_several_ttls[lock]",
     "test_watchdog_false_expires_and_extend[auto-noscript]",
+    "test_tampered_lease_spares_rest_of_renewal_batch[lua-wrong-type]",
+    "test_paused_holder_cut_off_and_stale_write_refused[row]",
+    "test_waiter_interrupted_as_holder_releases_never_leaks[redis-tx-timeout]",
+    "test_waiter_interrupted_as_holder_releases_never_leaks[mysql-row-timeout]",
+    "test_loss_detected_when_key_tampered[auto-noscript-wrong-type]",
 }
 
 

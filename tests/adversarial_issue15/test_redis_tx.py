@@ -291,7 +291,7 @@ async def test_mutual_exclusion_across_processes(tx_redis: Any, children: list[C
 
 async def test_mutual_exclusion_across_processes_short(tx_redis: Any, children: list[Child],
                                                        name: str) -> None:
-    await _processes(tx_redis, children, name, 2.0)
+    await _processes(tx_redis, children, name, 1.5)
 
 
 async def _processes(tx_redis: Any, children: list[Child], name: str, seconds: float) -> None:
