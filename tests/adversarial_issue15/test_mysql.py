@@ -265,6 +265,26 @@ async def test_paused_holder_cut_off_and_stale_write_refused(mysql_server: Any, 
     assert believed == 0, f"{believed} writes after resuming, believing a lease past its ttl"
 
 
+async def test_killed_holder_process_frees_at_once(url: str, children: list[Child],
+                                                  name: str) -> None:
+    """kill -9 of a holder process: its connection drops, the server frees the lock at
+    once; a waiter already waiting gets it well before the 30 s ttl."""
+    child = await Child.start("worker", "hold", url, name, "30")
+    children.append(child)
+    token = int((await child.expect("GOT")).split()[1])
+    async with aiolock.connect(url) as locks:
+        waiter = asyncio.create_task(locks.lock(name, ttl=5).acquire(timeout=10))
+        await asyncio.sleep(0.3)
+        assert not waiter.done()
+        child.signal(signal.SIGKILL)
+        killed = time.monotonic()
+        lease = await waiter
+        took = time.monotonic() - killed
+        assert lease.token > token
+        await lease.release()
+    assert took < 1.5, f"taken over {took:.2f}s after kill -9"
+
+
 async def test_watchdog_keeps_lease_several_ttls(url: str, name: str) -> None:
     async with aiolock.connect(url) as locks, aiolock.connect(url) as other, \
             locks.lock(name, ttl=0.6) as lease:

@@ -388,11 +388,13 @@ async def test_killed_holder_freed_within_ttl(tx_url: str, children: list[Child]
     children.append(child)
     token = int((await child.expect("GOT")).split()[1])
     await child.expect("WRITE")
-    await asyncio.sleep(0.8)  # a renewal or two went through
-    child.signal(signal.SIGKILL)
-    killed = time.monotonic()
     async with aiolock.connect(tx_url) as locks:
-        lease = await locks.lock(name, ttl=1).acquire(timeout=5)
+        waiter = asyncio.create_task(locks.lock(name, ttl=1).acquire(timeout=5))
+        await asyncio.sleep(0.8)  # a renewal or two went through; the waiter waits
+        assert not waiter.done()
+        child.signal(signal.SIGKILL)
+        killed = time.monotonic()
+        lease = await waiter
         took = time.monotonic() - killed
         assert lease.token > token
         await lease.release()

@@ -205,3 +205,17 @@ async def test_mysql_semaphore_limit_across_connections(mysql_server: Any, name:
             await locks.aclose()
     assert peak == 2
     assert len(tokens) == 24 and len(set(tokens)) == 24
+
+
+@pytest.mark.parametrize(("query", "keyword"), [("row", "lock"), ("lock", "row")])
+async def test_mysql_mode_in_query_and_keyword_disagree(mysql_server: Any, query: str,
+                                                        keyword: str) -> None:
+    """`?mode=X` with mode=Y: refused, or the connection says the mode it really uses."""
+    try:
+        locks = aiolock.connect(f"{mysql_server.url}?mode={query}", mode=keyword)
+    except ValueError:
+        return
+    async with locks:
+        used = "lock" if aiolock.Capability.SEMAPHORE in locks.capabilities else "row"
+        shown = "row" if "mode=row" in locks.url else "lock"
+        assert shown == used, f"locks.url {locks.url!r} but the backend runs mode={used}"
