@@ -2,13 +2,14 @@
 backend, next to kazoo's ``Election`` (and aiozk's ``LeaderElection``) on the same
 ZooKeeper, in one run, against private servers this script starts itself.
 
-    .venv/bin/python benchmarks/bench_election.py --quick          # ~4 min: ttl 1 s
-    .venv/bin/python benchmarks/bench_election.py                  # ~25 min: ttl 3 s
+    .venv/bin/python benchmarks/bench_election.py --quick          # ~7 min: ttl 1 s
+    .venv/bin/python benchmarks/bench_election.py                  # ~30 min: ttl 3 s
     .venv/bin/python benchmarks/bench_election.py --only redis,zookeeper,kazoo
 
 (1) Failover: N candidate processes (3) campaign on one election
     (``locks.election(name, ttl=TTL).campaign(data)``); once a leader is known and every
-    candidate has been campaigning for a while (``--settle``), the leader process is sent
+    candidate has been campaigning for a while (``--settle``, plus a random part of the
+    renewal period ttl/3, so that the kill lands at any phase of it), the leader process is sent
     SIGKILL, a replacement candidate is started, and the time from the kill to the moment
     another process's ``campaign`` returns is taken on CLOCK_MONOTONIC (shared by the
     processes of one host). K kills per run (``--kills``), 3 runs (``--runs``), the runs
@@ -22,7 +23,10 @@ ZooKeeper, in one run, against private servers this script starts itself.
     (vacant), ``--gap`` seconds apart (longer on a backend without events: Memcached's
     ``observe()`` polls every ttl/2). Latency: from the change call (monotonic, in the
     changer) to the observer yielding the new state (monotonic, in the observer).
-    kazoo's ``Election`` has no observe; aiozk's neither: not measured for them.
+    kazoo's ``Election`` has no observe: its row is a ``ChildrenWatch`` on the election
+    path calling ``contenders()`` (the first is the leader), the changes ``run(func)``
+    and ``func`` returning (no proclaim). aiozk's ``LeaderElection`` has no way to
+    read the leader: not measured.
 
 A violation is a candidate's campaign returning while another live candidate leads (two
 leaders at once) or a term (fencing token) not above the previous one; the exit status is
@@ -38,6 +42,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import statistics
 import sys
@@ -103,11 +108,8 @@ async def cand_aiolock(url: str, name: str, ttl: float) -> None:
 
 
 def cand_kazoo(hosts: str, path: str, timeout: float) -> None:
-    from kazoo.client import KazooClient  # type: ignore[import-untyped]
-
     pid = os.getpid()
-    zk = KazooClient(hosts=hosts, timeout=timeout)
-    zk.start()
+    zk = kazoo_client(hosts, timeout)
 
     def lead() -> None:
         say("LEAD", pid, mono(), "-")
@@ -165,6 +167,55 @@ async def changer(url: str, name: str, ttl: float, gap: float, cycles: int) -> N
         say("DONE")
 
 
+def kazoo_client(hosts: str, timeout: float) -> Any:
+    from kazoo.client import KazooClient  # type: ignore[import-untyped]
+
+    zk = KazooClient(hosts=hosts, timeout=timeout)
+    zk.start()
+    return zk
+
+
+def observer_kazoo(hosts: str, path: str, timeout: float) -> None:
+    """kazoo has no observe: a ``ChildrenWatch`` on the election path, then
+    ``Election.contenders()`` (the first is the leader), as a kazoo user would."""
+    zk = kazoo_client(hosts, timeout)
+    zk.ensure_path(path)
+    election = zk.Election(path)
+    last: list[object] = [object()]
+
+    def changed(_children: list[str]) -> None:
+        names = election.contenders()
+        now = mono()
+        data = names[0] if names else "-"
+        if data != last[0]:
+            last[0] = data
+            say("OBS", now, data, "-")
+
+    zk.ChildrenWatch(path)(changed)
+    time.sleep(3600)
+
+
+def changer_kazoo(hosts: str, path: str, timeout: float, gap: float, cycles: int) -> None:
+    """kazoo's changes: ``Election(path, data).run(func)`` (a new leader), ``func``
+    returning (resign); kazoo has no proclaim."""
+    zk = kazoo_client(hosts, timeout)
+    zk.ensure_path(path)
+    say("READY", os.getpid())
+    sys.stdin.readline()  # GO
+
+    def lead(data: str, called: float, resigned: list[float]) -> None:
+        say("CHANGE", "campaign", data, called, mono())
+        time.sleep(gap)
+        resigned.append(mono())
+
+    for i in range(cycles):
+        resigned: list[float] = []
+        zk.Election(path, f"c{i}").run(lead, f"c{i}", mono(), resigned)
+        say("CHANGE", "resign", "-", resigned[0], mono())
+        time.sleep(gap)
+    say("DONE")
+
+
 def worker_main(argv: list[str]) -> None:
     kind, *args = argv
     if kind == "aiolock":
@@ -177,6 +228,10 @@ def worker_main(argv: list[str]) -> None:
         asyncio.run(observer(args[0], args[1], float(args[2])))
     elif kind == "changer":
         asyncio.run(changer(args[0], args[1], float(args[2]), float(args[3]), int(args[4])))
+    elif kind == "observer-kazoo":
+        observer_kazoo(args[0], args[1], float(args[2]))
+    elif kind == "changer-kazoo":
+        changer_kazoo(args[0], args[1], float(args[2]), float(args[3]), int(args[4]))
     else:
         raise SystemExit(f"unknown worker {kind!r}")
 
@@ -345,7 +400,9 @@ async def failover_run(target: Target, ttl: float, candidates: int, kills: int,
             await start_one()
         for _ in range(kills):
             await until(settled, limit, "leader")
-            await drain(settle)  # the others queue up; a second leader would show here
+            # the others queue up (a second leader would show here); the kill lands at a
+            # random phase of the leader's renewal period (ttl/3)
+            await drain(settle + random.uniform(0, ttl / 3))
             if leader is None:
                 continue  # lost during the settle: counted, wait for the next one
             victim = leader
@@ -364,13 +421,18 @@ async def failover_run(target: Target, ttl: float, candidates: int, kills: int,
 async def observe_run(target: Target, ttl: float, gap: float, cycles: int) -> ObserveRun:
     """One run: an observer process, a changer process making ``3 * cycles`` changes."""
     run = ObserveRun()
-    url = target.address()
-    name = f"bench-observe-{uuid.uuid4().hex[:8]}"
+    if target.impl == "aiolock":
+        where = [target.address(), f"bench-observe-{uuid.uuid4().hex[:8]}"]
+        kinds = ("observer", "changer")
+    else:  # kazoo
+        hosts, path = target.address().split("/", 1)
+        where = [hosts, "/" + path]
+        kinds = ("observer-kazoo", "changer-kazoo")
     workers = Workers()
     seen: list[tuple[float, str]] = []
     changes: list[tuple[str, str, float]] = []
     try:
-        watcher = await workers.spawn("observer", url, name, str(ttl))
+        watcher = await workers.spawn(kinds[0], *where, str(ttl))
         limit = mono() + 30
         while not seen:
             words = await workers.next(limit)
@@ -378,7 +440,7 @@ async def observe_run(target: Target, ttl: float, gap: float, cycles: int) -> Ob
                 raise BenchError(f"{target.name}: the observer did not start")
             if words[0] == "OBS":
                 seen.append((float(words[1]), words[2]))
-        proc = await workers.spawn("changer", url, name, str(ttl), str(gap), str(cycles),
+        proc = await workers.spawn(kinds[1], *where, str(ttl), str(gap), str(cycles),
                                    stdin=True)
         limit = mono() + 30 + cycles * 3 * (gap + ttl + 5)
         started = False
@@ -498,7 +560,7 @@ def servers(wanted: set[str], ttl: float) -> Iterator[list[Target]]:
 
             redis = start(RedisServer())
             targets.append(Target("redis", "aiolock", lambda: str(redis.url),
-                                  bound="ttl (the lease expires)"))
+                                  bound="ttl after the last renewal"))
         if wanted & {"zookeeper", "zookeeper-st", "kazoo", "aiozk"}:
             from tests.zk_server import ZooKeeperServer
 
@@ -531,7 +593,8 @@ def servers(wanted: set[str], ttl: float) -> Iterator[list[Target]]:
 
             etcd = start(EtcdServer())
             targets.append(Target("etcd", "aiolock", lambda: f"{etcd.url}?prefix=bench-{fresh()}",
-                                  bound="ttl (the lease expires)"))
+                                  bound="ceil(ttl) (whole-second lease) + the server's 0.5 s "
+                                  "expiry sweep"))
         if "mysql" in wanted:
             from tests.mysql_server import MariaDBServer
 
@@ -551,7 +614,7 @@ def servers(wanted: set[str], ttl: float) -> Iterator[list[Target]]:
             nodes = [start(RedisServer()) for _ in range(3)]
             address = "redlock://" + ",".join(f"127.0.0.1:{n.port}" for n in nodes)
             targets.append(Target("redlock (3 nodes)", "aiolock", lambda: address,
-                                  bound="ttl (the lease expires)"))
+                                  bound="ttl after the last renewal"))
         yield targets
     finally:
         for server in reversed(started):
@@ -588,7 +651,7 @@ async def bench(args: argparse.Namespace) -> int:
                 failures += run.violations
                 log(f"  failover ms: {', '.join(f'{s * 1000:.0f}' for s in run.samples)}")
             for target in ordered:
-                if target.impl != "aiolock" or args.no_observe:
+                if target.impl == "aiozk" or args.no_observe:
                     continue
                 log(f"run {rnd + 1}/{args.runs}: observe, {target.name}")
                 try:
@@ -607,7 +670,7 @@ async def bench(args: argparse.Namespace) -> int:
           f"load average at the end {os.getloadavg()[0]:.1f}")
     failover_table(targets, fail, args.ttl)
     if not args.no_observe:
-        observe_table([t for t in targets if t.impl == "aiolock"], obs, gaps)
+        observe_table([t for t in targets if t.impl != "aiozk"], obs, gaps)
     if failures:
         log(f"{failures} error(s) or violation(s): see above")
         return 1
@@ -621,7 +684,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
-                        help="ttl 1 s, 4 kills and 4 observe cycles per run (~4 min)")
+                        help="ttl 1 s, 4 kills and 4 observe cycles per run (~7 min)")
     parser.add_argument("--only", default="", help=f"comma-separated rows: {','.join(ALL)}")
     parser.add_argument("--ttl", type=float, help="election ttl, s (3; 1 with --quick)")
     parser.add_argument("--kills", type=int, help="kills per run (10; 4 with --quick)")
