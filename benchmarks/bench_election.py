@@ -10,9 +10,9 @@ ZooKeeper, in one run, against private servers this script starts itself.
     (``locks.election(name, ttl=TTL).campaign(data)``); once a leader is known and every
     candidate has been campaigning for a while (``--settle``, plus a random part of the
     renewal period ttl/3, so that the kill lands at any phase of it), the leader process is sent
-    SIGKILL, a replacement candidate is started, and the time from the kill to the moment
-    another process's ``campaign`` returns is taken on CLOCK_MONOTONIC (shared by the
-    processes of one host). K kills per run (``--kills``), 3 runs (``--runs``), the runs
+    SIGKILL, and the time from the kill to the moment another process's ``campaign``
+    returns is taken on CLOCK_MONOTONIC (shared by the processes of one host); then a
+    replacement candidate is started. K kills per run (``--kills``), 3 runs (``--runs``), the runs
     alternating between backends. kazoo: ``zk.Election(path, id).run(func)`` in each
     process, failover = kill -9 of the process whose ``func`` runs until another's runs;
     its session timeout (``KazooClient(timeout=...)``) is set to the ttl. aiozk:
@@ -410,8 +410,8 @@ async def failover_run(target: Target, ttl: float, candidates: int, kills: int,
             workers.kill(victim)
             alive.discard(victim)
             leader = None
-            await start_one()
             await until(taken_over, limit, "new leader after the kill")
+            await start_one()  # after the failover: a process start takes CPU
         await drain(0.2)
     finally:
         await workers.close()
