@@ -20,8 +20,8 @@ ZooKeeper, in one run, against private servers this script starts itself.
     ``wait_for_leadership()``, session timeout = the ttl.
 (2) Observe latency: an observer process iterating ``election.observe()``; a changer
     process repeats: campaign (a new leader), ``proclaim(data)`` (new data), resign
-    (vacant), ``--gap`` seconds apart (longer on a backend without events: Memcached's
-    ``observe()`` polls every ttl/2). Latency: from the change call (monotonic, in the
+    (vacant), ``--gap`` seconds apart (ttl/2 + gap + 0.25 s where the server sends no
+    events: MySQL's and Memcached's ``observe()`` polls every ttl/2). Latency: from the change call (monotonic, in the
     changer) to the observer yielding the new state (monotonic, in the observer).
     kazoo's ``Election`` has no observe: its row is a ``ChildrenWatch`` on the election
     path calling ``contenders()`` (the first is the leader), the changes ``run(func)``
@@ -432,7 +432,7 @@ async def observe_run(target: Target, ttl: float, gap: float, cycles: int) -> Ob
     seen: list[tuple[float, str]] = []
     changes: list[tuple[str, str, float]] = []
     try:
-        watcher = await workers.spawn(kinds[0], *where, str(ttl))
+        await workers.spawn(kinds[0], *where, str(ttl))
         limit = mono() + 30
         while not seen:
             words = await workers.next(limit)
@@ -466,7 +466,6 @@ async def observe_run(target: Target, ttl: float, gap: float, cycles: int) -> Ob
         while (words := await workers.next(deadline)) is not None:
             if words[0] == "OBS":
                 seen.append((float(words[1]), words[2]))
-        del watcher
     finally:
         await workers.close()
     for i, (kind, data, t_call) in enumerate(changes):
