@@ -21,8 +21,9 @@ ZooKeeper, in one run, against private servers this script starts itself.
 (2) Observe latency: an observer process iterating ``election.observe()``; a changer
     process repeats: campaign (a new leader), ``proclaim(data)`` (new data), resign
     (vacant), ``--gap`` seconds apart (ttl/2 + gap + 0.25 s where the server sends no
-    events: MySQL's and Memcached's ``observe()`` polls every ttl/2). Latency: from the change call (monotonic, in the
-    changer) to the observer yielding the new state (monotonic, in the observer).
+    events: MySQL's and Memcached's ``observe()`` polls every ttl/2). Latency: from the
+    change call (monotonic, in the changer) to the observer yielding the new state
+    (monotonic, in the observer).
     kazoo's ``Election`` has no observe: its row is a ``ChildrenWatch`` on the election
     path calling ``contenders()`` (the first is the leader), the changes ``run(func)``
     and ``func`` returning (no proclaim). aiozk's ``LeaderElection`` has no way to
