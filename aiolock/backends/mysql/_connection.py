@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from ...errors import AccessDenied, BackendUnavailable, LockError
-from .._sql_options import OPTIONS, numeric_options, without_password
+from .._sql_options import OPTIONS, numeric_options, refuse_contradictions, without_password
 
 __all__ = ["asyncmy", "code", "map_connect_error", "map_error", "name_bytes", "parse_url", "run",
            "seconds"]
@@ -119,13 +119,7 @@ def parse_url(url: str, schemes: tuple[str, ...], options: dict[str, Any]) -> di
     if not database or "/" in database:
         raise ValueError(expected)
     query = _query_pairs(parts.query, shown)
-    clash = sorted(k for k in set(query) & set(options)
-                   if str(query[k]).lower() != str(options[k]).lower())
-    if clash:  # which one would win is a guess; locks.url would show the other
-        raise ValueError(
-            f"option(s) {', '.join(clash)} given both in the URL ("
-            + ", ".join(f"{k}={query[k]}" for k in clash) + ") and as keywords ("
-            + ", ".join(f"{k}={options[k]!r}" for k in clash) + "): give each once")
+    refuse_contradictions(query, options)
     opts: dict[str, Any] = {**query, **options}
     unknown = sorted(set(opts) - set(OPTIONS))
     if unknown:
