@@ -306,6 +306,46 @@ async def test_row_mode_dead_holder_frees_within_ttl(pg: PostgresServer, name: s
         await crashed.backend.aclose()
 
 
+@pytest.mark.parametrize("size", [1, 2])
+async def test_row_mode_pool_of_n_holds_n_leases(pg: PostgresServer, name: str, size: int) -> None:
+    """A grant needs no second pooled connection (its token is committed beside the pool
+    when none is free): max_connections=n holds n row-mode leases, and proclaims."""
+    url = pg.url + f"?mode=row&max_connections={size}&pool_timeout=0.3"
+    async with aiolock.connect(PostgresBackend.from_url(url)) as locks:
+        held = [await locks.lock(f"{name}-{i}", ttl=5).acquire(timeout=0) for i in range(size)]
+        with pytest.raises(aiolock.BackendUnavailable, match="max_connections"):
+            await locks.lock(f"{name}-x", ttl=5).acquire(timeout=0)
+        await held[-1].release()
+        election = locks.election(f"{name}-e", ttl=5)
+        leader = await election.campaign("one", timeout=1).acquire()
+        await leader.proclaim("two")  # the pool is full: beside it too
+        for lease in held[:-1]:
+            await lease.release()
+        if size > 1:
+            info = await locks.status(f"{name}-e", aiolock.Kind.LEADER)
+            assert [h.data for h in info.held_by] == ["two"]
+        await leader.release()
+
+
+async def test_two_modes_keep_their_own_holder_records(pg: PostgresServer, name: str) -> None:
+    """Advisory and row mode are two lock mechanisms: a name held in both at once keeps
+    each holder's record, token and lease (renewals of either never revoke the other)."""
+    async with aiolock.connect(PostgresBackend.from_url(pg.url)) as adv, \
+            aiolock.connect(PostgresBackend.from_url(pg.url + "?mode=row")) as row:
+        a = await adv.lock(name, ttl=1, data="advisory").acquire(timeout=0)
+        b = await row.lock(name, ttl=1, data="row").acquire(timeout=0)
+        await asyncio.sleep(0.7)  # renewals of both
+        assert not a.lost and not b.lost
+        sa, sb = await adv.status(name), await row.status(name)
+        assert ([h.data for h in sa.held_by], sa.token) == (["advisory"], a.token)
+        assert ([h.data for h in sb.held_by], sb.token) == (["row"], b.token)
+        await b.release()
+        await asyncio.sleep(0.5)
+        assert not a.lost
+        assert [h.data for h in (await adv.status(name)).held_by] == ["advisory"]
+        await a.release()
+
+
 # -- URLs ----------------------------------------------------------------------------------------
 
 

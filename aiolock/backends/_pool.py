@@ -64,6 +64,10 @@ class Pool:
             self._slots.release()
             raise
 
+    def free(self) -> bool:
+        """Would :meth:`get` lend a connection now, without waiting for a slot?"""
+        return not self.closed and not self._slots.locked()
+
     def put(self, conn: Any) -> None:
         """Return a clean connection (no lock held, no timeout armed)."""
         if conn not in self._out:

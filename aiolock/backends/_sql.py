@@ -64,6 +64,8 @@ class SQLBackend(Backend):
         size = int(number("max_connections", max_connections, integer=True))
         wait = self._connect_timeout if pool_timeout is None else number("pool_timeout", pool_timeout)
         self._poll = number("poll_interval", poll_interval)
+        #: how long to wait for a pooled connection
+        self._pool_wait = wait
         self._pool = Pool(self._new_connection, size, wait, url, alive=self._alive,
                           drop=self._drop, close=self._close)
         self._schema_ready = False
@@ -185,23 +187,26 @@ class SQLBackend(Backend):
         except Exception as exc:
             raise self._error(exc) from exc
 
-    async def _pooled(self, fn: Callable[[Any], Awaitable[T]], timeout: float = -1.0) -> T:
-        """``fn(conn)`` on a pooled connection, guarded; once more on another connection
-        if the first was dead (a pooled connection may have died idle: server restart)."""
+    async def _pooled(self, fn: Callable[[Any], Awaitable[T]], timeout: float = -1.0,
+                      pool: Pool | None = None) -> T:
+        """``fn(conn)`` on a pooled connection (of ``pool``, by default the backend's),
+        guarded; once more on another connection if the first was dead (a pooled
+        connection may have died idle: server restart)."""
+        pool = self._pool if pool is None else pool
         for fresh in (False, True):
-            conn = await self._pool.get()
+            conn = await pool.get()
             try:
                 async with self._guard(timeout):
                     result = await fn(conn)
             except BackendUnavailable:
-                self._pool.discard(conn)
+                pool.discard(conn)
                 if fresh:
                     raise
                 continue
             except BaseException:
-                self._pool.discard(conn)
+                pool.discard(conn)
                 raise
-            self._pool.put(conn)
+            pool.put(conn)
             return result
         raise AssertionError("unreachable")  # pragma: no cover
 

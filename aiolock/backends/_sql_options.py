@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["OPTIONS", "number", "numeric_options", "without_password"]
+__all__ = ["OPTIONS", "number", "numeric_options", "refuse_contradictions", "without_password"]
 
 #: The options every SQL backend takes (URL query or keyword).
 OPTIONS = ("mode", "connect_timeout", "request_timeout", "max_connections", "pool_timeout",
@@ -35,6 +35,19 @@ def numeric_options(opts: dict[str, Any]) -> dict[str, Any]:
     if "max_connections" in opts:
         opts["max_connections"] = int(number("max_connections", opts["max_connections"], integer=True))
     return opts
+
+
+def refuse_contradictions(query: dict[str, str], options: dict[str, Any]) -> None:
+    """An option of :data:`OPTIONS` in the URL's ``query`` and in the keyword ``options``
+    with another value (``?mode=row`` and ``mode="lock"``): ValueError naming both. Which
+    one should run would be a guess, and ``locks.url`` would show the other."""
+    clash = sorted(k for k in set(query) & set(options) & set(OPTIONS)
+                   if str(query[k]).lower() != str(options[k]).lower())
+    if clash:
+        raise ValueError(
+            f"option(s) {', '.join(clash)} given both in the URL ("
+            + ", ".join(f"{k}={query[k]}" for k in clash) + ") and as keywords ("
+            + ", ".join(f"{k}={options[k]!r}" for k in clash) + "): give each once")
 
 
 def without_password(netloc: str) -> str:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from ..abc import Capability, Claim, Kind
 from ..errors import LockError
+from ._pool import Pool
 from ._sql import SQLBackend
 from ._sql_claim import ClaimState
+
+T = TypeVar("T")
 
 __all__ = ["RowMode"]
 
@@ -19,9 +23,31 @@ class RowMode(SQLBackend):
 
     The claim's connection keeps a transaction open with the row ``aiolock_rows(family,
     name)`` locked (``NOWAIT`` to try, a plain wait to queue); the token and the holder
-    row are committed on another pooled connection, since the claim's transaction is
-    never committed. Exclusive kinds only (a lock, an election's leadership).
+    row are committed on another connection (:meth:`_aside`), since the claim's
+    transaction is never committed. Exclusive kinds only (a lock, an election's
+    leadership).
     """
+
+    #: the bookkeeping connection beside the pool (see :meth:`_aside`), made on first need
+    _books: Pool | None = None
+
+    async def _aside(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+        """``fn(conn)`` on a connection other than any claim's, for a short autocommit
+        request (a grant's token and holder row, a proclaim): a pooled one if one is free
+        now, else the backend's one bookkeeping connection beside the pool. So a grant
+        never needs a second *pooled* connection: ``max_connections`` connections hold as
+        many leases (the server sees at most one connection more)."""
+        if self._pool.free():
+            return await self._pooled(fn)
+        if self._books is None:
+            self._books = Pool(self._new_connection, 1, self._pool_wait, self._url,
+                               alive=self._alive, drop=self._drop, close=self._close)
+        return await self._pooled(fn, pool=self._books)
+
+    async def _close_extra(self) -> None:
+        await super()._close_extra()
+        if self._books is not None:
+            await self._books.aclose()
 
     @abc.abstractmethod
     async def _lock_row(self, conn: Any, claim: Claim, *, nowait: bool) -> bool:

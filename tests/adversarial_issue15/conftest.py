@@ -171,30 +171,14 @@ _EMPTY = ("redis:// URL: an option with an empty value (even an unknown one) is 
 _REPEATED = "a repeated URL option with two values: the last one wins silently, no ValueError"
 _BATCH = ("Redis (Lua and transaction path): one lock key replaced by a string (WRONGTYPE) makes "
           "every lease of the watchdog's renewal batch lapse, not just that one")
-_ROWPOOL = ("mysql ?mode=row: max_connections=n holds only n-1 leases (a grant needs a second "
-            "pooled connection); max_connections=1 never grants, the error says 'raise max_connections'")
-_NOCREATE = ("mysql: with the three tables made beforehand, a user with SELECT/INSERT/UPDATE/"
-             "DELETE only is refused: 'CREATE command denied ... for table aiolock_tokens'")
-_MODEURL = ("mysql: ?mode=X with the keyword mode=Y runs mode Y silently while locks.url "
-            "still says mode=X")
 KNOWN_DEFECTS: dict[str, str] = {
     "test_empty_query_value_not_silently_dropped[?scripting=]": _EMPTY,
     "test_empty_query_value_not_silently_dropped[?bogus=]": _EMPTY,
     "test_empty_query_value_not_silently_dropped[?connect_timeout=]": _EMPTY,
     "test_conflicting_repeated_option_refused[?scripting=off&scripting=on]": _REPEATED,
     "test_conflicting_repeated_option_refused[?scripting=on&scripting=off]": _REPEATED,
-    "test_bad_options_refused[mode=lock&mode=row]": _REPEATED,
     "test_tampered_lease_spares_rest_of_renewal_batch[lua-wrong-type]": _BATCH,
     "test_tampered_lease_spares_rest_of_renewal_batch[tx-wrong-type]": _BATCH,
-    "test_max_connections_n_holds_n_leases[row-1]": _ROWPOOL,
-    "test_max_connections_n_holds_n_leases[row-2]": _ROWPOOL,
-    "test_mysql_missing_tables_without_create[lock]": _NOCREATE,
-    "test_mysql_missing_tables_without_create[row]": _NOCREATE,
-    "test_mysql_mode_in_query_and_keyword_disagree[row-lock]": _MODEURL,
-    "test_mysql_mode_in_query_and_keyword_disagree[lock-row]": _MODEURL,
-    "test_two_modes_keep_their_own_holder_records":
-        "mysql: a name held in lock mode and in row mode shares one aiolock_holders row; the "
-        "first holder's lease is then lost as 'revoked by an operator (force_release)'",
 }
 
 # Tests whose `off` variant (tx_url) goes to the slow tier: the `auto-noscript` variant

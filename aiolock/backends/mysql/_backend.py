@@ -114,9 +114,17 @@ class MySQLBackend(SQLBackend):
         await run(conn, "SELECT 1")
 
     async def _create_schema(self, conn: Any) -> None:
+        """Make the tables that are missing. Tables made beforehand need no ``CREATE``
+        privilege (least privilege): ``CREATE TABLE IF NOT EXISTS`` checks it even when
+        the table exists, so only the missing ones are created."""
         async with self._guard():
+            rows = await run(conn, sql.TABLES_PRESENT)
+            present = {str(row[0]).lower() for row in rows}
+            missing = [st for table, st in sql.SCHEMA.items() if table not in present]
+            if not missing:
+                return
             await run(conn, "SET @aiolock_notes = @@SESSION.sql_notes, SESSION sql_notes = 0")
-            for statement in sql.SCHEMA:
+            for statement in missing:
                 await run(conn, statement)
             await run(conn, "SET SESSION sql_notes = @aiolock_notes")
 

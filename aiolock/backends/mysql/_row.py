@@ -62,9 +62,9 @@ class MySQLRowBackend(RowMode, MySQLBackend):
 
     async def _record(self, conn: Any, claim: Claim) -> int:
         family, name = claim.kind.family, name_bytes(claim.name)
-        rows = await self._query(sql.RECORD, (family, name, family, name, claim.owner,
-                                              claim.kind.value, conn.thread_id(), claim.ttl_ms,
-                                              claim.info))
+        args = (family, name, family, name, claim.owner, claim.kind.value, conn.thread_id(),
+                claim.ttl_ms, claim.info)
+        rows = await self._aside(lambda other: run(other, sql.RECORD, args))
         return int(rows[0][0])
 
     async def _rollback(self, conn: Any) -> None:
@@ -90,9 +90,14 @@ class MySQLRowBackend(RowMode, MySQLBackend):
         until it ends, and would lock the holder row against ``force_release``."""
         if not conn.get_transaction_status():
             return False
-        holder = self._holder_args(claim, st)
-        rows = await self._query(sql.ROW_SET_INFO, (claim.info, *holder, *holder))
+        args = (claim.info, *self._holder_args(claim, st), *self._holder_args(claim, st))
+        rows = await self._aside(lambda other: run(other, sql.ROW_SET_INFO, args))
         return bool(rows[0][0])
+
+    def _holder_args(self, claim: Claim, st: ClaimState) -> tuple[Any, ...]:
+        """Row mode's holder row is its own (slot :data:`_statements.ROW_SLOT`): a
+        named-lock holder of the same name keeps its record."""
+        return (claim.kind.family, name_bytes(claim.name), sql.ROW_SLOT, claim.owner)
 
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
         await self._settle(kind.family, name)

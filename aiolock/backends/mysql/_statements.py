@@ -10,27 +10,33 @@ from .._sql_claim import digest
 
 __all__ = [
     "FOREVER", "GRANT_TAIL", "INSPECT", "INSPECT_SEM", "RECORD", "RELEASE", "RENEW", "REVOKE",
-    "ROW_INSPECT", "ROW_RELEASE", "ROW_RENEW", "ROW_RESET", "ROW_SET_INFO", "SCAN", "SCHEMA",
-    "SET_INFO", "lock_key", "like_prefix",
+    "ROW_INSPECT", "ROW_RELEASE", "ROW_RENEW", "ROW_RESET", "ROW_SET_INFO", "ROW_SLOT", "SCAN",
+    "SCHEMA", "SET_INFO", "TABLES_PRESENT", "lock_key", "like_prefix",
 ]
 
 #: A blocking ``GET_LOCK``'s timeout (s): "forever" (MariaDB refuses negative values).
 FOREVER = 365 * 86400
 
-SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS aiolock_tokens ("
+#: The tables by name, each with the statement that makes it if missing.
+SCHEMA = {
+    "aiolock_tokens": "CREATE TABLE IF NOT EXISTS aiolock_tokens ("
     " family VARCHAR(8) NOT NULL, name VARBINARY(2048) NOT NULL, token BIGINT NOT NULL,"
     " PRIMARY KEY (family, name)) ENGINE=InnoDB",
-    "CREATE TABLE IF NOT EXISTS aiolock_holders ("
+    "aiolock_holders": "CREATE TABLE IF NOT EXISTS aiolock_holders ("
     " family VARCHAR(8) NOT NULL, name VARBINARY(2048) NOT NULL, slot INT NOT NULL,"
     " owner CHAR(32) NOT NULL, kind VARCHAR(8) NOT NULL, token BIGINT NOT NULL,"
     " conn BIGINT NOT NULL, ttl_ms BIGINT NOT NULL, since DATETIME(6) NOT NULL,"
     " info TEXT CHARACTER SET utf8mb4 NOT NULL,"
     " PRIMARY KEY (family, name, slot)) ENGINE=InnoDB",
-    "CREATE TABLE IF NOT EXISTS aiolock_rows ("
+    "aiolock_rows": "CREATE TABLE IF NOT EXISTS aiolock_rows ("
     " family VARCHAR(8) NOT NULL, name VARBINARY(2048) NOT NULL,"
     " PRIMARY KEY (family, name)) ENGINE=InnoDB",
-)
+}
+
+#: Which of the tables exist in the connection's database (a plain read: no privilege
+#: beyond those on the tables themselves).
+TABLES_PRESENT = ("SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()"
+                  " AND TABLE_NAME IN ('aiolock_tokens', 'aiolock_holders', 'aiolock_rows')")
 
 #: After ``@aiolock_slot`` is set (the slot taken, or NULL): arm the session's expiry,
 #: bump the token (autocommit: its own transaction), record the holder, report.
@@ -101,13 +107,17 @@ SCAN = ("SELECT DISTINCT family, name FROM aiolock_holders WHERE name LIKE %s"
 #: Delete the holder rows of (family, name): each holder's next renewal finds it revoked.
 REVOKE = "DELETE FROM aiolock_holders WHERE family = %s AND name = %s; SELECT ROW_COUNT()"
 
+#: Row mode's holder rows are apart from the named locks' (``slot`` 0, or a semaphore's
+#: 0 ... limit - 1): the two modes are separate locks, each keeps its own holder record.
+ROW_SLOT = -1
+
 #: Row mode: commit the token and the holder row (on a connection other than the holder's).
 #: Parameters: family, name, family, name, owner, kind, holder conn id, ttl ms, info.
 RECORD = (
     "INSERT INTO aiolock_tokens (family, name, token) VALUES (%s, %s, LAST_INSERT_ID(1))"
     " ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1);"
     " REPLACE INTO aiolock_holders (family, name, slot, owner, kind, token, conn, ttl_ms,"
-    " since, info) VALUES (%s, %s, 0, %s, %s, LAST_INSERT_ID(), %s, %s, NOW(6), %s);"
+    f" since, info) VALUES (%s, %s, {ROW_SLOT}, %s, %s, LAST_INSERT_ID(), %s, %s, NOW(6), %s);"
     " SELECT LAST_INSERT_ID()"
 )
 
@@ -115,7 +125,7 @@ RECORD = (
 #: read: the transaction is READ COMMITTED, so it sees a revocation committed since).
 #: Parameters: ttl s, family, name, owner.
 ROW_RENEW = ("SET SESSION wait_timeout = %s; SELECT EXISTS (SELECT 1 FROM aiolock_holders"
-             " WHERE family = %s AND name = %s AND slot = 0 AND owner = %s)")
+             f" WHERE family = %s AND name = %s AND slot = {ROW_SLOT} AND owner = %s)")
 
 #: Row mode: end the transaction (and the row lock with it), put the session's timeouts back.
 ROW_RESET = ("ROLLBACK; SET SESSION wait_timeout = @@GLOBAL.wait_timeout,"
@@ -123,7 +133,8 @@ ROW_RESET = ("ROLLBACK; SET SESSION wait_timeout = @@GLOBAL.wait_timeout,"
 
 #: Row mode: give the row lock back (:data:`ROW_RESET`), forget the holder row.
 ROW_RELEASE = ROW_RESET + (
-    "; DELETE FROM aiolock_holders WHERE family = %s AND name = %s AND slot = 0 AND owner = %s"
+    "; DELETE FROM aiolock_holders WHERE family = %s AND name = %s"
+    f" AND slot = {ROW_SLOT} AND owner = %s"
 )
 
 #: Row mode: is the row locked (a ``SKIP LOCKED`` probe in a transaction of its own), and
@@ -137,7 +148,7 @@ ROW_INSPECT = (
     " SELECT @aiolock_exists, @aiolock_free, t.token, h.token, " + _HOLDER_COLUMNS +
     " FROM (SELECT 1) AS one"
     " LEFT JOIN aiolock_tokens t ON t.family = %s AND t.name = %s"
-    " LEFT JOIN aiolock_holders h ON h.family = %s AND h.name = %s AND h.slot = 0"
+    f" LEFT JOIN aiolock_holders h ON h.family = %s AND h.name = %s AND h.slot = {ROW_SLOT}"
     " LEFT JOIN information_schema.PROCESSLIST p ON p.ID = h.conn"
 )
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
+from urllib.parse import parse_qsl, urlsplit
 
 from ..._holder import Holder, decode_holder
 from ...abc import FAMILY_KIND, Capability, Claim, Kind, LockInfo, Waiter
 from ...errors import AccessDenied, LockError
 from .._sql import SQLBackend
 from .._sql_claim import ClaimState, Renewal
+from .._sql_options import refuse_contradictions
 from . import _statements as sql
 from ._connection import asyncpg, close, map_connect_error, map_error, parse_url, safe_url
 from ._notify import Notifier
@@ -65,6 +67,8 @@ class PostgresBackend(SQLBackend):
         """
         from ._row import PostgresRowBackend
 
+        refuse_contradictions(dict(parse_qsl(urlsplit(url).query, keep_blank_values=True)),
+                              options)
         dsn, safe, opts = parse_url(url, cls.schemes, options)
         mode = str(opts.pop("mode", "advisory")).lower()
         if mode not in ("advisory", "row"):

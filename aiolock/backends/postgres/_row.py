@@ -65,7 +65,7 @@ class PostgresRowBackend(RowMode, PostgresBackend):
         """Commit the token and the holder row (with the holding session's pid) on another
         connection: the claim's transaction stays open."""
         args = self._args(claim, self._keys(claim)[0], arm=False, pid=conn.get_server_pid())
-        row = await self._pooled(lambda other: other.fetchrow(sql.GRANT_HELD, *args))
+        row = await self._aside(lambda other: other.fetchrow(sql.GRANT_HELD, *args))
         return int(row["token"])
 
     async def _rollback(self, conn: Any) -> None:
@@ -85,7 +85,7 @@ class PostgresRowBackend(RowMode, PostgresBackend):
         if not conn.is_in_transaction():
             return False
         args = self._set_info_args(claim)
-        row = await self._pooled(lambda other: other.fetchrow(sql.SET_INFO, *args))
+        row = await self._aside(lambda other: other.fetchrow(sql.SET_INFO, *args))
         return bool(row["kept"])
 
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
