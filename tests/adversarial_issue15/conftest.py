@@ -167,8 +167,6 @@ def since(start: float) -> float:
 # file) -> the one-line symptom. Each is marked xfail(strict=True): the suite stays green,
 # the defect stays visible, and a fix turns the entry into an error to delete.
 _REPEATED = "a repeated URL option with two values: the last one wins silently, no ValueError"
-_BATCH = ("Redis (Lua and transaction path): one lock key replaced by a string (WRONGTYPE) makes "
-          "every lease of the watchdog's renewal batch lapse, not just that one")
 _ROWPOOL = ("mysql ?mode=row: max_connections=n holds only n-1 leases (a grant needs a second "
             "pooled connection); max_connections=1 never grants, the error says 'raise max_connections'")
 _NOCREATE = ("mysql: with the three tables made beforehand, a user with SELECT/INSERT/UPDATE/"
@@ -177,8 +175,6 @@ _MODEURL = ("mysql: ?mode=X with the keyword mode=Y runs mode Y silently while l
             "still says mode=X")
 KNOWN_DEFECTS: dict[str, str] = {
     "test_bad_options_refused[mode=lock&mode=row]": _REPEATED,
-    "test_tampered_lease_spares_rest_of_renewal_batch[lua-wrong-type]": _BATCH,
-    "test_tampered_lease_spares_rest_of_renewal_batch[tx-wrong-type]": _BATCH,
     "test_max_connections_n_holds_n_leases[row-1]": _ROWPOOL,
     "test_max_connections_n_holds_n_leases[row-2]": _ROWPOOL,
     "test_mysql_missing_tables_without_create[lock]": _NOCREATE,
