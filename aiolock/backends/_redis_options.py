@@ -8,6 +8,8 @@ to every connection aiolock opens for it, or is refused with ``ValueError`` nami
   (``connect_timeout``, ``request_timeout``, ``prefix``); an unknown one is refused with
   the list of accepted ones (redis-py itself would only fail at the first connection);
 * values are checked by building one (unconnected) redis-py connection from them;
+* an option given twice in the query, or with an empty value (``?scripting=``), is
+  refused (redis-py would keep one of the two, or drop the empty one, silently);
 * ``scripting`` (aiolock's own) is ``on``, ``off`` or ``auto`` (the default): ``off`` runs
   ``lock()`` as ``WATCH``/``MULTI``/``EXEC`` transactions, ``auto`` moves to them if the
   server refuses scripts (see :mod:`aiolock.backends._redis_txn`), ``on`` never does;
