@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote
 
 MAX_NAME_LENGTH = 512
 #: The longest lease any backend accepts, in seconds (about 23 days): within PostgreSQL's
@@ -121,3 +121,25 @@ def credentials(userinfo: str) -> dict[str, str]:
     user, _, password = userinfo.partition(":")
     given = {"username": unquote(user), "password": unquote(password)}
     return {k: v for k, v in given.items() if v}
+
+
+def query_pairs(query: str, shown_url: str) -> dict[str, str]:
+    """A URL query (the part after ``?``, percent-encoded) as ``{name: value}``, values
+    percent-decoded, blank ones kept (``?a=`` and ``?a`` give ``{"a": ""}``: each backend
+    decides whether a blank value is meaningful, none drops it silently).
+
+    An option given twice (``?mode=lock&mode=row``, even with one value twice) raises
+    ValueError naming it and ``shown_url`` (pass a URL without its password), never a
+    value: the caller could otherwise only keep one of them silently."""
+    pairs: dict[str, str] = {}
+    repeated: list[str] = []
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key in pairs and key not in repeated:
+            repeated.append(key)
+        pairs[key] = value
+    if repeated:
+        raise ValueError(
+            f"option(s) {', '.join(repeated)} given more than once in {shown_url}: "
+            "give each option once"
+        )
+    return pairs

@@ -301,6 +301,35 @@ async def test_semaphore_limit_and_regrant(r: Any) -> None:
     assert (await shared(r, "c", "p", limit=2))[:2] == [1, 3]
 
 
+async def test_renew_batch_spares_the_rest_when_a_key_has_another_type(r: Any) -> None:
+    """A key overwritten by another client (a string, a list...) fails its own claim (0:
+    not held) and not the whole batch with WRONGTYPE."""
+    await acquire(r, "a", ttl=1000)
+    await shared(r, "b", "p", ttl=1000, limit=3)
+    await r.set("aiolock:lock:{s}", "x")
+    await r.set("aiolock:sem:{t}:h", "x")
+    await r.hset("aiolock:lock:{s}:x:c", "f", "v")  # even its waiter key: no WRONGTYPE
+    k = ["aiolock:lock:{s}", "aiolock:lock:{s}", "aiolock:lock:{n}", "aiolock:lock:{n}",
+         "aiolock:sem:{t}:h", "aiolock:sem:{t}:ht", "aiolock:sem:{n}:h", "aiolock:sem:{n}:ht"]
+    out = await r.eval(RENEW.source, 8, *k, "h", "c", 5000, "h", "a", 5000, "z", "d", 5000,
+                       "z", "b", 5000)
+    assert out == [0, 5000, 0, 5000]
+    assert await r.get("aiolock:lock:{s}") == b"x"  # left as it is
+
+
+async def test_redlock_renew_spares_the_rest_when_a_key_has_another_type(r: Any) -> None:
+    from aiolock.backends import _redlock_scripts as lua
+
+    for name in ("a", "b"):
+        await r.hset(f"aiolock:lock:{{{name}}}", "owner", name)
+    await r.set("aiolock:lock:{s}", "x")
+    await r.hset("aiolock:lock:{s}:x:s", "f", "v")
+    k = ["aiolock:lock:{a}", "aiolock:lock:{a}:x:a", "aiolock:lock:{s}", "aiolock:lock:{s}:x:s",
+         "aiolock:lock:{b}", "aiolock:lock:{b}:x:b"]
+    out = await r.eval(lua.RENEW.source, 6, *k, "a", 5000, "s", 5000, "b", 5000)
+    assert out == [5000, 0, 5000]
+
+
 async def test_renew_shared_holder(r: Any) -> None:
     await shared(r, "a", "p", ttl=1000, limit=3)
     k = ["aiolock:sem:{n}:h", "aiolock:sem:{n}:ht"]

@@ -8,6 +8,8 @@ to every connection aiolock opens for it, or is refused with ``ValueError`` nami
   (``connect_timeout``, ``request_timeout``, ``prefix``); an unknown one is refused with
   the list of accepted ones (redis-py itself would only fail at the first connection);
 * values are checked by building one (unconnected) redis-py connection from them;
+* an option given twice in the query, or with an empty value (``?scripting=``), is
+  refused (redis-py would keep one of the two, or drop the empty one, silently);
 * ``scripting`` (aiolock's own) is ``on``, ``off`` or ``auto`` (the default): ``off`` runs
   ``lock()`` as ``WATCH``/``MULTI``/``EXEC`` transactions, ``auto`` moves to them if the
   server refuses scripts (see :mod:`aiolock.backends._redis_txn`), ``on`` never does;
@@ -26,6 +28,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import (
@@ -38,10 +41,11 @@ from redis.asyncio.connection import (
     to_bool,
 )
 
-from .._validate import check_timeouts
+from .._validate import check_timeouts, query_pairs
 from ._resp import RespClient
 
-__all__ = ["OWN", "SCRIPTING", "RedisOptions", "accepted_options", "check_names", "query_options", "resolve"]
+__all__ = ["OWN", "SCRIPTING", "RedisOptions", "accepted_options", "check_names", "query_options",
+           "refuse_blank", "resolve"]
 
 #: aiolock's own options (keyword or URL query).
 OWN = ("connect_timeout", "request_timeout", "prefix", "scripting")
@@ -102,8 +106,32 @@ def check_names(given: Any, accepted: Any, where: str) -> None:
                          + _listed(sorted(accepted)))
 
 
-def query_options(query: str, where: str) -> dict[str, Any]:
-    """A URL query parsed as redis-py parses one (typed where redis-py types it)."""
+def refuse_blank(pairs: dict[str, Any], where: str) -> None:
+    """ValueError for the first option of a URL query given with an empty value
+    (``?scripting=``): redis-py would drop it silently, running on its default. The
+    message says what the option accepts where aiolock knows it (``where``: a URL
+    without its password)."""
+    for name, value in pairs.items():
+        if value:
+            continue
+        if name == "scripting":
+            _scripting(value)
+        if name in ("connect_timeout", "request_timeout", *_ALIASES):
+            _number(name, value)
+        if name == "prefix":
+            raise ValueError(f"prefix must be a non-empty str without braces, got '' in {where}")
+        raise ValueError(f"option {name} has an empty value in {where}: give it a value, or "
+                         "leave it out for its default")
+
+
+def query_options(query: str, where: str, accepted: Any = None) -> dict[str, Any]:
+    """A URL query parsed as redis-py parses one (typed where redis-py types it). An
+    option given twice, one not in ``accepted`` (if given: every name, blank or not) or
+    one with an empty value raises ValueError naming it."""
+    pairs = query_pairs(query, where)
+    if accepted is not None:
+        check_names(pairs, accepted, where)
+    refuse_blank(pairs, where)
     try:
         parsed = dict(parse_url("redis://x/?" + query)) if query else {}
         parsed.pop("host", None)
@@ -155,11 +183,13 @@ def resolve(
 ) -> RedisOptions:
     """Check the options of ``url`` (query) and ``keywords`` (they win) for
     ``redis://``, ``rediss://`` or ``unix://``; raise ValueError naming a bad one."""
+    pairs = query_pairs(urlsplit(url).query, safe_url)  # a repeated option: ValueError naming it
     try:
         params: dict[str, Any] = dict(parse_url(url))
     except ValueError as exc:
         raise ValueError(f"bad Redis URL {safe_url}: {exc}") from None
-    merged = {**params, **keywords}
+    blank: dict[str, Any] = {k: v for k, v in pairs.items() if not v}  # redis-py drops them
+    merged = {**params, **blank, **keywords}
     own: dict[str, Any] = {k: merged.pop(k) for k in OWN if k in merged}
     for key, value in (("connect_timeout", connect_timeout), ("request_timeout", request_timeout),
                        ("prefix", prefix)):
@@ -168,7 +198,8 @@ def resolve(
     cls = merged.pop("connection_class", Connection)
     if not (isinstance(cls, type) and issubclass(cls, AbstractConnection)):
         raise ValueError(f"connection_class must be a redis.asyncio connection class, got {cls!r}")
-    _check_known(merged, cls, safe_url)
+    _check_known(merged, cls, safe_url)  # an unknown option first, even a blank one
+    refuse_blank(blank, safe_url)
     timeouts = _timeouts(own, merged)
     pool_only = {k: merged.pop(k) for k in _POOL if k in merged}
     connection_kwargs = dict(merged, socket_connect_timeout=timeouts["connect_timeout"],

@@ -354,6 +354,9 @@ return {released, '', 0, 0}
 #: ARGV[3i]     its ttl, ms
 #: returns      per claim, the ttl granted in ms, 0 if it no longer holds, or -1 if an
 #:              operator revoked it (its waiter key holds the mark 'v', see REVOKE)
+#: A claim's key that another client overwrote with another type (a string...) fails
+#: that claim alone (0: no longer held): its reads are ``redis.pcall``s, so the error
+#: reply (WRONGTYPE) does not end the script and the rest of the batch is renewed.
 RENEW = Script("renew", LIB + """
 local now = server_now()
 local out = {}
@@ -364,7 +367,8 @@ for i = 1, #KEYS / 2 do
   local base = key
   out[i] = 0
   if ARGV[3 * i - 2] == 'h' then
-    local lock = redis.call('hmget', key, 'owner', 'since', 'gttl')
+    local lock = redis.pcall('hmget', key, 'owner', 'since', 'gttl')
+    if lock.err then lock = {} end  -- not a hash: another client's value, not held
     if lock[1] == owner then
       if not lock[2] and lock[3] then  -- the first renewal: fix the grant's time
         redis.call('hset', key, 'since', now - (tonumber(lock[3]) - redis.call('pttl', key)))
@@ -374,7 +378,8 @@ for i = 1, #KEYS / 2 do
     end
   else
     base = string.sub(key, 1, -3)  -- '<base>:h'
-    local expiry = redis.call('zscore', key, owner)
+    local expiry = redis.pcall('zscore', key, owner)
+    if type(expiry) == 'table' then expiry = false end  -- not a zset: not held
     if expiry and tonumber(expiry) > now then
       redis.call('zadd', key, now + ttl, owner)
       for _, k in ipairs({key, KEYS[2 * i]}) do
@@ -383,7 +388,7 @@ for i = 1, #KEYS / 2 do
       out[i] = ttl
     end
   end
-  if out[i] == 0 and redis.call('get', base .. ':x:' .. owner) == 'v' then out[i] = -1 end
+  if out[i] == 0 and redis.pcall('get', base .. ':x:' .. owner) == 'v' then out[i] = -1 end
 end
 return out
 """)

@@ -62,7 +62,7 @@ from ..errors import BackendUnavailable, LockError
 from ._redis_errors import CONNECTING, redis_error
 from ._redis_lend import ABORTED, Connections, Lent
 from ._resp import RespClient, ResponseError
-from .redis import TOMBSTONE_MS, RedisBackend
+from .redis import TOMBSTONE_MS, RedisBackend, warn_foreign_key
 
 __all__ = ["MAX_CONFLICTS", "AutoRedisBackend", "RedisTxnBackend", "scripting_class"]
 
@@ -222,9 +222,23 @@ class RedisTxnBackend(RedisBackend):
         out: list[int | None],
     ) -> bool:
         """One transaction renewing the claims of ``group`` still held (their ttl into
-        ``out``); False if its EXEC aborted."""
-        _, *owners = await conn.run(("WATCH", *(keys[i] for i in group)),
-                                    *(("HGET", keys[i], "owner") for i in group))
+        ``out``); False if its EXEC aborted. A key another client overwrote with another
+        type (``HGET``: WRONGTYPE) fails its own claim only (not held, lost at once)."""
+        try:
+            _, *owners = await conn.run(("WATCH", *(keys[i] for i in group)),
+                                        *(("HGET", keys[i], "owner") for i in group))
+        except ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            _, *kinds = await conn.run(("UNWATCH",), *(("TYPE", keys[i]) for i in group))
+            foreign = [i for i, kind in zip(group, kinds, strict=True)
+                       if _text(kind) not in ("hash", "none")]
+            for i in foreign:
+                warn_foreign_key(keys[i], claims[i].name)
+            rest = [i for i in group if i not in foreign]
+            if not foreign:  # changed again since (not seen in practice): retry the group
+                return False
+            return await self._renew_group(conn, claims, keys, rest, out) if rest else True
         held = [i for i, o in zip(group, owners, strict=True)
                 if o is not None and _text(o) == claims[i].owner]
         if not held:
@@ -267,10 +281,16 @@ class RedisTxnBackend(RedisBackend):
         async with self._tx_lent("WATCH/MULTI/EXEC release", urgent=True) as conn:
             for _ in range(2 * MAX_CONFLICTS):
                 ahead = (first,) if first is not None else ()
-                *_, owner, waiting, last = await conn.run(
-                    *ahead, ("WATCH", base, seq, queue), ("HGET", base, "owner"),
-                    ("LRANGE", queue, 0, QUEUE_LOOK - 1), ("GET", seq),
-                )
+                try:
+                    *_, owner, waiting, last = await conn.run(
+                        *ahead, ("WATCH", base, seq, queue), ("HGET", base, "owner"),
+                        ("LRANGE", queue, 0, QUEUE_LOOK - 1), ("GET", seq),
+                    )
+                except ResponseError as exc:  # (an abandon's tombstone, first, is set)
+                    if not str(exc).startswith("WRONGTYPE"):
+                        raise
+                    warn_foreign_key(base, claim.name)  # not held: nothing to release
+                    return False, False
                 first = None
                 if owner is None or _text(owner) != claim.owner:
                     await conn.unwatch()

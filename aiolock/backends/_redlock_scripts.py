@@ -77,14 +77,16 @@ return released
 #: KEYS[2i-1], KEYS[2i]  claim i's lock hash and claim key
 #: ARGV[2i-1], ARGV[2i]  its owner id and ttl, ms
 #: returns  per claim: the ttl granted, 0 if it no longer holds, -1 if it was revoked
+#: A key another client overwrote with another type fails its claim alone (0): the reads
+#: are ``redis.pcall``s, so a WRONGTYPE error reply does not end the batch.
 RENEW = Script("redlock_renew", """
 local out = {}
 for i = 1, #KEYS / 2 do
   out[i] = 0
-  if redis.call('hget', KEYS[2 * i - 1], 'owner') == ARGV[2 * i - 1] then
+  if redis.pcall('hget', KEYS[2 * i - 1], 'owner') == ARGV[2 * i - 1] then
     redis.call('pexpire', KEYS[2 * i - 1], ARGV[2 * i])
     out[i] = tonumber(ARGV[2 * i])
-  elseif redis.call('get', KEYS[2 * i]) == 'v' then
+  elseif redis.pcall('get', KEYS[2 * i]) == 'v' then
     out[i] = -1
   end
 end

@@ -4,9 +4,9 @@ the drift factor and the printable URL, from a URL and keyword options."""
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import urlencode, urlsplit
 
-from .._validate import format_hosts, parse_hosts
+from .._validate import format_hosts, parse_hosts, query_pairs
 from .redis import RedisBackend
 
 __all__ = ["DEFAULT_DRIFT_FACTOR", "parse_url"]
@@ -16,6 +16,13 @@ DEFAULT_DRIFT_FACTOR = 0.01
 
 #: Options of redlock:// itself (every other one is its nodes'), and their defaults.
 _OWN_OPTIONS = ("drift_factor", "connect_timeout", "request_timeout", "prefix")
+#: What each of :data:`_OWN_OPTIONS` accepts (for messages).
+_ACCEPTS = {"drift_factor": "a number in [0, 0.5)", "connect_timeout": "a number of seconds > 0",
+            "request_timeout": "a number of seconds > 0",
+            "prefix": "a non-empty str without braces"}
+#: What ``ssl=`` in the query accepts.
+_TLS = {"true": True, "1": True, "yes": True, "on": True,
+        "false": False, "0": False, "no": False, "off": False}
 _DEFAULTS = {"drift_factor": DEFAULT_DRIFT_FACTOR, "connect_timeout": 5.0, "request_timeout": 5.0}
 
 
@@ -43,15 +50,25 @@ def parse_url(
     accepted = "redlock://host:port,host:port,host:port (at least 3 distinct nodes)"
     if parts.scheme != "redlock":
         raise ValueError(f"expected {accepted}, got {shown!r}")
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    query: dict[str, str] = {k: v for k, v in pairs if k in _OWN_OPTIONS}
-    # any other query option is a node's (RedisBackend checks it, and names it if bad)
-    node_query = urlencode([(k, v) for k, v in pairs if k not in _OWN_OPTIONS and k != "ssl"])
+    # a repeated option: ValueError naming it (the query may hold a password: not shown)
+    pairs = query_pairs(parts.query, shown.partition("?")[0])
+    query: dict[str, str] = {k: v for k, v in pairs.items() if k in _OWN_OPTIONS}
+    # any other query option is a node's (RedisBackend checks it, and names it if bad,
+    # a blank one too)
+    node_query = urlencode([(k, v) for k, v in pairs.items()
+                            if k not in _OWN_OPTIONS and k != "ssl"])
     tls = node_options.pop("ssl", None)
-    if "scripting" in node_options or "scripting" in dict(pairs):  # issue 15: never off
+    if "scripting" in node_options or "scripting" in pairs:  # issue 15: never off
         raise ValueError("unknown option scripting for redlock:// (its nodes run Lua scripts)")
-    if tls is None:
-        tls = dict(pairs).get("ssl", "false").lower() in ("1", "true", "yes", "on")
+    for key, value in query.items():
+        if not value:
+            raise ValueError(f"{key} must be {_ACCEPTS[key]}, got '' in "
+                             f"{shown.partition('?')[0]!r} (leave it out for its default)")
+    if tls is None and "ssl" in pairs:
+        tls = _TLS.get(pairs["ssl"].lower())
+        if tls is None:
+            raise ValueError(f"ssl in {shown.partition('?')[0]!r} must be one of "
+                             f"{', '.join(_TLS)}, got {pairs['ssl']!r}")
     hosts = parse_hosts(shown, hostlist, 6379, accepted)
     if len(hosts) < 3:
         raise ValueError(f"Redlock needs at least 3 nodes, got {len(hosts)} in {shown!r}; "

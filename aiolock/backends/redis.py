@@ -30,7 +30,9 @@ server errors raise :class:`aiolock.LockError`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, ClassVar
@@ -48,7 +50,10 @@ from ._redis_pubsub import Signals
 from ._redis_scripts import ACQUIRE_SHARED, RELEASE_SHARED, RENEW, SCRIPTS, Script
 from ._resp import RespClient, ResponseError
 
-__all__ = ["LOCAL_HANDOFFS", "LOCAL_HANDOFF_S", "RedisBackend", "redis_key_part"]
+__all__ = ["LOCAL_HANDOFFS", "LOCAL_HANDOFF_S", "RedisBackend", "redis_key_part",
+           "warn_foreign_key"]
+
+log = logging.getLogger("aiolock.backends.redis")
 
 #: How long an abandoned claim stays barred from a late grant (ms), at least.
 TOMBSTONE_MS = 60_000
@@ -57,6 +62,13 @@ RELEASED_MARK_MS = 60_000
 #: Requests in flight at once through a redis-py client (its pool holds at most 100 by
 #: default in redis-py 8, and Sentinel's own pool is not configurable from a URL).
 MAX_IN_FLIGHT = 64
+
+
+def warn_foreign_key(key: str, name: str) -> None:
+    """Log that a key of lock ``name`` holds a value aiolock did not write."""
+    log.warning("the lock key %s of %r holds a value of another type, not aiolock's "
+                "(WRONGTYPE: another client overwrote it): the claim is not held there, and "
+                "the key is left as it is", key, name)
 
 
 def redis_key_part(name: str) -> str:
@@ -325,7 +337,26 @@ class RedisBackend(Backend):
         self, claim: Claim, keys: list[str], *, abandon: bool, heir: Claim | None = None,
         local: Sequence[Claim] = (), on_retry: Callable[[], object] | None = None,
     ) -> Any:
-        """Run RELEASE (abandon: as an abandon); the reply's first item, 1 if it held."""
+        """Run RELEASE (abandon: as an abandon); the reply's first item, 1 if it held.
+        A key of the lock that another client overwrote with another type (WRONGTYPE:
+        the script stopped at its first read, changing nothing) is not held: 0, and a
+        warning saying so (an abandon still bars a late grant of the claim)."""
+        try:
+            return await self._release_script(claim, keys, abandon=abandon, heir=heir,
+                                              local=local, on_retry=on_retry)
+        except LockError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+        warn_foreign_key(keys[0], claim.name)
+        if abandon:
+            with contextlib.suppress(Exception):  # best effort, as the abandon itself
+                await self._call("SET", keys[4], "a", "PX", max(TOMBSTONE_MS, 2 * claim.ttl_ms))
+        return 0
+
+    async def _release_script(
+        self, claim: Claim, keys: list[str], *, abandon: bool, heir: Claim | None,
+        local: Sequence[Claim], on_retry: Callable[[], object] | None,
+    ) -> Any:
         flag = "1" if abandon else "0"
         # A redis-py client resends a request whose reply was lost (its retry policy),
         # and the resent RELEASE would find nothing: leave a marker it recognises. Our

@@ -73,7 +73,7 @@ from ._redis_errors import CONNECTING, redis_error
 from ._redis_options import check_names, connection_options, query_options
 from ._redis_pubsub import Signals
 from ._redis_scripts import RENEW
-from ._redis_urls import split_hosts_url
+from ._redis_urls import OWN, split_hosts_url
 from ._resp import RespClient, ResponseError, _pack
 from .redis import RedisBackend
 
@@ -199,12 +199,14 @@ class RedisClusterBackend(RedisBackend):
         safe = "redis+cluster://" + ",".join(format_hosts(seeds))
         # options in the query or as keywords (they win): a RedisCluster's, or one of
         # its connections' (those apply to the pub/sub connection too)
-        given = {**query_options(query or query2, safe), **cluster_options}
         node_level = connection_options()
         cluster_level = set(inspect.signature(RedisCluster.__init__).parameters) - {
             "self", "kwargs", "host", "port", "startup_nodes", "cluster_error_retry_attempts"}
-        check_names(given, {"connect_timeout", "request_timeout", "prefix",
-                            *node_level, *cluster_level}, safe)
+        accepted = {"connect_timeout", "request_timeout", "prefix", *node_level, *cluster_level}
+        from_query = query_options(query or query2, safe, accepted)
+        given = {k: v for k, v in from_query.items() if k not in OWN}  # see split_hosts_url
+        given.update(cluster_options)
+        check_names(given, accepted, safe)
         if given.get("db") not in (None, 0):
             raise ValueError(f"a Redis Cluster has only database 0, got db={given['db']!r}")
         auth = credentials(userinfo)

@@ -8,12 +8,13 @@ URL: ``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service_n
 with optional query options ``db=N``, ``password=...`` (instead of the userinfo; the
 user and password are the master's, not the sentinels'), ``sentinel_username=...`` and
 ``sentinel_password=...`` (for sentinels that require AUTH). Sentinel port defaults to
-26379. Keyword options: ``connect_timeout``, ``request_timeout``, ``prefix`` (as for
-``redis://``), ``wait_replicas=N`` (see below), ``sentinel_kwargs`` (a dict of
-connection options for the sentinels, e.g. TLS files); every other option of a
-``redis.asyncio`` connection (in the query or as a keyword: TLS, client name, credential
-provider...) applies to every connection to the master, the scripts' and pub/sub's; an
-unknown one raises ValueError.
+26379. Options (keyword, or in the query; keywords win): ``connect_timeout``,
+``request_timeout``, ``prefix`` (as for ``redis://``), ``wait_replicas=N`` (see below);
+keyword only: ``sentinel_kwargs`` (a dict of connection options for the sentinels, e.g.
+TLS files); every other option of a ``redis.asyncio`` connection (in the query or as a
+keyword: TLS, client name, credential provider...) applies to every connection to the
+master, the scripts' and pub/sub's. An unknown option, one given twice or with an empty
+value raises ValueError.
 
 Following a failover: when the master changes, connections to the old one are closed
 (the sentinel kills client connections on the demoted server, and a ``READONLY``
@@ -67,7 +68,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import unquote, urlencode
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
@@ -75,14 +76,14 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
-from .._validate import credentials, format_hosts, parse_hosts
+from .._validate import credentials, format_hosts, parse_hosts, query_pairs
 from ..abc import Busy, Capability, Claim, Granted
 from ..errors import BackendUnavailable
 from ._redis_errors import redis_error
-from ._redis_options import check_names, connection_options, query_options
+from ._redis_options import check_names, connection_options, query_options, refuse_blank
 from ._redis_pubsub import Signals
 from ._redis_scripts import ACQUIRE, ACQUIRE_SHARED, RENEW, Script
-from ._redis_urls import split_hosts_url
+from ._redis_urls import OWN, split_hosts_url
 from .redis import RedisBackend
 
 __all__ = ["RedisSentinelBackend"]
@@ -92,7 +93,7 @@ log = logging.getLogger("aiolock.backends.redis_sentinel")
 #: At most this often (s) an acquisition asks the sentinels in the background whether
 #: the master moved (renewals ask every time).
 FOLLOW_INTERVAL = 1.0
-_QUERY = ("db", "password", "sentinel_username", "sentinel_password")
+_QUERY = ("db", "password", "sentinel_username", "sentinel_password", "wait_replicas")
 _DOWN: tuple[type[BaseException], ...] = (
     ConnectionError, TimeoutError, OSError, rexc.ConnectionError, rexc.TimeoutError,
 )
@@ -105,15 +106,18 @@ def _options(
     """The URL's query and the keywords: our own query options (``_QUERY``), the master
     connections' options (typed as redis-py types them; keywords win) and the extra
     ``sentinel_kwargs``; an unknown option raises ValueError naming it."""
-    params = {k: v for k, v in parse_qsl(query, keep_blank_values=True) if k in _QUERY}
-    given = {**query_options("&".join(p for p in query.split("&")
-                                      if p.partition("=")[0] not in _QUERY), safe),
+    accepted = {"connect_timeout", "request_timeout", "prefix", "wait_replicas",
+                "max_connections", *_QUERY, *connection_options()}
+    pairs = query_pairs(query, safe)  # a repeated option: ValueError naming it
+    check_names(pairs, accepted, safe)  # an unknown option first, even a blank one
+    refuse_blank(pairs, safe)
+    params = {k: v for k, v in pairs.items() if k in _QUERY}
+    # our own (OWN: see split_hosts_url; wait_replicas: see from_url) are not passed on
+    given = {**query_options(urlencode([(k, v) for k, v in pairs.items()
+                                        if k not in (*_QUERY, *OWN)]), safe),
              **keywords}
     extra_sentinel_kwargs = dict(given.pop("sentinel_kwargs", None) or {})
-    check_names({**params, **given}, {"connect_timeout", "request_timeout", "prefix",
-                                      "wait_replicas", "max_connections", *_QUERY,
-                                      *connection_options()},
-                safe)
+    check_names({**params, **given}, accepted, safe)
     check_names(extra_sentinel_kwargs, connection_options(), f"sentinel_kwargs of {safe}")
     return params, given, extra_sentinel_kwargs
 
@@ -170,7 +174,7 @@ class RedisSentinelBackend(RedisBackend):
     def from_url(
         cls, url: str, *, connect_timeout: float | None = None,
         request_timeout: float | None = None, prefix: str | None = None,
-        wait_replicas: int = 0, **master_options: Any,
+        wait_replicas: int | None = None, **master_options: Any,
     ) -> RedisSentinelBackend:
         """See the module doc for the URL and options."""
         parsed = split_hosts_url(url, "redis+sentinel",
@@ -191,11 +195,16 @@ class RedisSentinelBackend(RedisBackend):
         auth = credentials(userinfo)
         if params.get("password"):
             if auth.get("password"):
-                raise ValueError(f"give the password once (userinfo or ?password=), in {url!r}")
+                raise ValueError(f"give the password once (userinfo or ?password=), in {safe!r}")
             auth["password"] = params["password"]
         db = params.get("db", "0") or "0"
         if not db.isdigit():
-            raise ValueError(f"db must be a number in {url!r}, got {db!r}")
+            raise ValueError(f"db must be a number in {safe!r}, got {db!r}")
+        if wait_replicas is None:  # the keyword wins
+            replicas = params.get("wait_replicas", "0")
+            if not replicas.isdigit():
+                raise ValueError(f"wait_replicas must be an int >= 0 in {safe!r}, got {replicas!r}")
+            wait_replicas = int(replicas)
         sentinel_kwargs: dict[str, Any] = dict(
             socket_connect_timeout=connect_timeout, socket_timeout=request_timeout,
             retry=Retry(NoBackoff(), 0),

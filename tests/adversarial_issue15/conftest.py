@@ -166,19 +166,7 @@ def since(start: float) -> float:
 # Defects these tests found that are still open: test id (as pytest shows it, without the
 # file) -> the one-line symptom. Each is marked xfail(strict=True): the suite stays green,
 # the defect stays visible, and a fix turns the entry into an error to delete.
-_EMPTY = ("redis:// URL: an option with an empty value (even an unknown one) is silently "
-          "dropped instead of refused with ValueError")
-_REPEATED = "a repeated URL option with two values: the last one wins silently, no ValueError"
-_BATCH = ("Redis (Lua and transaction path): one lock key replaced by a string (WRONGTYPE) makes "
-          "every lease of the watchdog's renewal batch lapse, not just that one")
 KNOWN_DEFECTS: dict[str, str] = {
-    "test_empty_query_value_not_silently_dropped[?scripting=]": _EMPTY,
-    "test_empty_query_value_not_silently_dropped[?bogus=]": _EMPTY,
-    "test_empty_query_value_not_silently_dropped[?connect_timeout=]": _EMPTY,
-    "test_conflicting_repeated_option_refused[?scripting=off&scripting=on]": _REPEATED,
-    "test_conflicting_repeated_option_refused[?scripting=on&scripting=off]": _REPEATED,
-    "test_tampered_lease_spares_rest_of_renewal_batch[lua-wrong-type]": _BATCH,
-    "test_tampered_lease_spares_rest_of_renewal_batch[tx-wrong-type]": _BATCH,
 }
 
 # Tests whose `off` variant (tx_url) goes to the slow tier: the `auto-noscript` variant

@@ -9,8 +9,9 @@ import logging
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote
+from urllib.parse import quote, unquote
 
+from ..._validate import query_pairs
 from ...errors import AccessDenied, BackendUnavailable, LockError
 from ._wire import grpc, hostport, open_channel, parse_hosts, pb
 
@@ -54,7 +55,7 @@ def options_from_url(
     if at:
         user, _, password = userinfo.partition(":")
         given.update({k: unquote(v) for k, v in (("username", user), ("password", password)) if v})
-    for key, value in parse_qsl(query, keep_blank_values=True):
+    for key, value in query_pairs(query, f"etcd://{hosts}").items():  # twice: ValueError
         given[key] = value
     overlap = set(given) & set(options)
     if overlap:

@@ -6,8 +6,9 @@ import difflib
 import importlib
 import inspect
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
+from ..._validate import query_pairs
 from ...errors import AccessDenied, BackendUnavailable, LockError
 from .._sql_options import OPTIONS, numeric_options, without_password
 
@@ -118,7 +119,7 @@ def parse_url(url: str, schemes: tuple[str, ...], options: dict[str, Any]) -> tu
     except ValueError as exc:
         raise ValueError(f"bad port in {url!r}: {exc}") from None
     ours = set(OPTIONS)
-    query = parse_qsl(parts.query, keep_blank_values=True)
+    query = list(query_pairs(parts.query, safe_url(url)).items())  # given twice: ValueError
     _check_query(url, [k for k, _ in query if k not in ours], ours)
     _check_keywords(set(options) - ours, ours)
     opts: dict[str, Any] = {k: v for k, v in query if k in ours}

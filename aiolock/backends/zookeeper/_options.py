@@ -7,10 +7,12 @@ import base64
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from aiozk import protocol as zkproto
 from aiozk.protocol.acl import ACL as _ZKACL
+
+from ..._validate import query_pairs
 
 #: ``acl=`` choices: ``creator`` (only our digest identity may change or delete the nodes
 #: we create, anyone may read them; the default with credentials) or ``open``
@@ -128,7 +130,7 @@ def parse_url(
         raise ValueError(f"expected {URL_FORM}, got {shown!r}")
     if parts.fragment:
         raise ValueError(f"zookeeper URLs take no fragment: expected {URL_FORM}, got {shown!r}")
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+    for key, value in query_pairs(parts.query, shown).items():  # given twice: ValueError
         if key != "acl" or acl is not None:
             raise ValueError(f"zookeeper URLs take one query option, acl=creator|open; "
                              f"got {key!r} in {shown!r}" + (" (and acl= as a keyword)"
