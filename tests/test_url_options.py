@@ -27,10 +27,7 @@ _DEFAULT_OPTION = ("connect_timeout", "1", "2")
 _NO_QUERY = {"memory", "memcached"}
 #: rows whose backend does not use aiolock._validate.query_pairs yet: the test is expected
 #: to fail (strict: delete the entry once it passes)
-PENDING: dict[str, str] = {
-    "mysql": "mysql/_connection.py keeps the last of a repeated option (helper sqlfix)",
-    "mysql-row": "mysql/_connection.py keeps the last of a repeated option (helper sqlfix)",
-}
+PENDING: dict[str, str] = {}
 
 
 def _rows() -> list[Any]:

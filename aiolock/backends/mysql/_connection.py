@@ -6,8 +6,9 @@ import importlib
 import math
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
+from ..._validate import query_pairs
 from ...errors import AccessDenied, BackendUnavailable, LockError
 from .._sql_options import OPTIONS, numeric_options, refuse_contradictions, without_password
 
@@ -90,19 +91,6 @@ async def run(conn: Any, sql: str, args: Sequence[Any] = ()) -> list[Any]:
     return rows
 
 
-def _query_pairs(query: str, shown_url: str) -> dict[str, str]:
-    """The URL's options; one given twice (``?mode=lock&mode=row``) is refused.
-
-    A local stand-in for the shared helper of every backend's URL parsing."""
-    pairs: dict[str, str] = {}
-    for key, value in parse_qsl(query, keep_blank_values=True):
-        if key in pairs:
-            raise ValueError(f"option {key} given more than once in {shown_url}: give each "
-                             "option once")
-        pairs[key] = value
-    return pairs
-
-
 def parse_url(url: str, schemes: tuple[str, ...], options: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments of :class:`MySQLBackend` for a ``mysql://`` URL and options
     (``mode`` among them); the printable ``url`` keeps the user, never the password."""
@@ -118,7 +106,7 @@ def parse_url(url: str, schemes: tuple[str, ...], options: dict[str, Any]) -> di
     database = unquote(parts.path.lstrip("/"))
     if not database or "/" in database:
         raise ValueError(expected)
-    query = _query_pairs(parts.query, shown)
+    query = query_pairs(parts.query, shown)
     refuse_contradictions(query, options)
     opts: dict[str, Any] = {**query, **options}
     unknown = sorted(set(opts) - set(OPTIONS))
