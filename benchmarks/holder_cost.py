@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -51,8 +52,11 @@ DATA = "x" * 40
 #: one pass: argv = url, seconds (0: count ``cycles`` instead), lock name, data ("-": none),
 #: cycles, redis ports for INFO commandstats ("-": none). Prints a JSON object.
 PASS = r"""
-import asyncio, json, socket, sys, time
+import asyncio, json, os, socket, sys, time
 import aiolock
+if os.environ.get("HOLDERCOST_NO_RECORD"):  # this tree, the record left empty
+    import aiolock._lock
+    aiolock._lock.encode_holder = lambda data, task: ""
 
 def redis_call(port, *args):
     with socket.create_connection(("127.0.0.1", port), 5) as s:
@@ -90,7 +94,7 @@ async def main() -> None:
             await (await lock.acquire()).release()
         for port in ports:
             redis_call(port, "CONFIG", "RESETSTAT")
-        n, start = 0, time.perf_counter()
+        n, start, cpu = 0, time.perf_counter(), time.process_time()
         if seconds > 0:
             while time.perf_counter() - start < seconds:
                 await (await lock.acquire()).release()
@@ -98,8 +102,8 @@ async def main() -> None:
         else:
             for n in range(1, cycles + 1):
                 await (await lock.acquire()).release()
-        elapsed = time.perf_counter() - start
-        out = {"cycles": n, "rate": n / elapsed if elapsed else 0.0}
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        out = {"cycles": n, "rate": n / elapsed if elapsed else 0.0, "cpu_us": cpu / n * 1e6}
         if ports:
             out["commands"] = commandstats(ports)
         print(json.dumps(out))
@@ -109,15 +113,22 @@ asyncio.run(main())
 
 
 class Tree:
-    """A pass's tree and how it calls ``lock()``."""
+    """A pass: its tree, its side (``before`` / ``after``: which server state it uses),
+    the ``data`` it gives ``lock()`` (None: no ``data=``) and whether the record is left
+    empty (``no_record``: ``encode_holder`` patched to give ``""``)."""
 
-    def __init__(self, label: str, path: str, side: str, data: str | None) -> None:
+    def __init__(self, label: str, path: str, side: str, data: str | None,
+                 no_record: bool = False) -> None:
         self.label, self.path, self.side, self.data = label, path, side, data
+        self.no_record = no_record
 
     def run(self, url: str, *, seconds: float = 0.0, cycles: int = 0,
             ports: list[int] | None = None, wrap: list[str] | None = None) -> dict[str, Any]:
         """One subprocess pass; its JSON output."""
         env = dict(os.environ, PYTHONPATH=self.path, PYTHONHASHSEED="0")
+        env.pop("HOLDERCOST_NO_RECORD", None)
+        if self.no_record:
+            env["HOLDERCOST_NO_RECORD"] = "1"
         cmd = [*(wrap or []), sys.executable, "-c", PASS, url, str(seconds), f"bench-{self.side}",
                self.data if self.data is not None else "-", str(cycles),
                ",".join(map(str, ports)) if ports else "-"]
@@ -204,17 +215,28 @@ class Servers:
         self.started.clear()
 
 
-def summary(rates: dict[str, list[float]]) -> list[str]:
-    """Table rows: each pass's median and range, then the costs vs ``before``."""
+def summary(results: dict[str, list[dict[str, float]]]) -> list[str]:
+    """Table rows: each pass's median and range of cycles/s and of client CPU us/cycle, then
+    each pass's cost vs ``before``: from the medians, and paired run by run (median, range)."""
     lines = []
-    med = {label: statistics.median(r) for label, r in rates.items()}
-    for label, r in rates.items():
-        lines.append(f"    {label:13} median {med[label]:8.0f}/s  range {min(r):.0f}-{max(r):.0f}")
-    for label in ("after", "after-nodata"):
-        paired = [1 - a / b for a, b in zip(rates[label], rates["before"], strict=True)]
-        lines.append(f"    cost {label:13} {1 - med[label] / med['before']:+6.1%} (medians); paired run by "
-                     f"run: median {statistics.median(paired):+.1%}, range {min(paired):+.1%} to "
-                     f"{max(paired):+.1%}")
+    for label, got in results.items():
+        rate = [r["rate"] for r in got]
+        cpu = [r["cpu_us"] for r in got]
+        lines.append(f"    {label:14} {statistics.median(rate):8.0f}/s ({min(rate):.0f}-{max(rate):.0f})"
+                     f"   client CPU {statistics.median(cpu):6.1f} us/cycle ({min(cpu):.1f}-{max(cpu):.1f})")
+    before = results["before"]
+    for label, got in results.items():
+        if label == "before":
+            continue
+        parts = []
+        for key, what, sign in (("rate", "cycles/s", -1), ("cpu_us", "client CPU", 1)):
+            a = [r[key] for r in got]
+            b = [r[key] for r in before]
+            of_medians = sign * (statistics.median(a) / statistics.median(b) - 1)
+            paired = [sign * (x / y - 1) for x, y in zip(a, b, strict=True)]
+            parts.append(f"{what} {of_medians:+.1%} (paired {statistics.median(paired):+.1%}, "
+                         f"{min(paired):+.1%} to {max(paired):+.1%})")
+        lines.append(f"    cost {label:14} " + "; ".join(parts))
     return lines
 
 
@@ -241,6 +263,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--no-commands", action="store_true", help="skip the Redis command counts")
+    parser.add_argument("--no-record-pass", action="store_true",
+                        help="add a pass of this tree with the holder record left empty")
     parser.add_argument("--callgrind", action="store_true",
                         help="also count instructions per cycle on memory:// (valgrind)")
     args = parser.parse_args()
@@ -254,29 +278,34 @@ def main() -> int:
     if args.callgrind and shutil.which("valgrind") is None:
         parser.error("--callgrind needs valgrind")
     sys.path.insert(0, str(HERE))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # close the servers on kill
 
     tmp = tempfile.TemporaryDirectory(prefix="holdercost-before-")
     try:
         baseline = args.baseline or export_baseline(f"{HOLDERS_COMMIT}^", Path(tmp.name))
         trees = [Tree("before", baseline, "before", None), Tree("after", str(HERE), "after", DATA),
                  Tree("after-nodata", str(HERE), "after", None)]
+        if args.no_record_pass:
+            trees.append(Tree("after-norecord", str(HERE), "after", None, no_record=True))
         report: list[str] = []
         for backend in backends:
             servers = Servers()
             try:
                 urls = servers.urls(backend)
-                rates: dict[str, list[float]] = {t.label: [] for t in trees}
+                results: dict[str, list[dict[str, float]]] = {t.label: [] for t in trees}
                 for run in range(args.runs):
                     for tree in trees if run % 2 == 0 else trees[::-1]:  # no order bias
-                        rate = tree.run(urls[tree.side], seconds=args.seconds)["rate"]
-                        rates[tree.label].append(rate)
-                        print(f"run {run + 1} {backend:9} {tree.label:13} {rate:8.0f} cycles/s", flush=True)
-                report += [f"{backend} ({args.runs} runs x {args.seconds:g} s per pass):", *summary(rates)]
+                        got = tree.run(urls[tree.side], seconds=args.seconds)
+                        results[tree.label].append(got)
+                        print(f"run {run + 1} {backend:9} {tree.label:14} {got['rate']:8.0f} cycles/s"
+                              f"  client CPU {got['cpu_us']:6.1f} us/cycle", flush=True)
+                report += [f"{backend} ({args.runs} runs x {args.seconds:g} s per pass; median (range)):",
+                           *summary(results)]
                 if servers.redis_ports and not args.no_commands:
                     for tree in trees:
                         got = tree.run(urls[tree.side], cycles=2000, ports=servers.redis_ports)
                         per = {k: v / got["cycles"] for k, v in sorted(got["commands"].items())}
-                        report.append(f"    commands/cycle {tree.label:13} {sum(per.values()):5.2f}: "
+                        report.append(f"    commands/cycle {tree.label:14} {sum(per.values()):5.2f}: "
                                       + ", ".join(f"{k} {v:g}" for k, v in per.items()))
             finally:
                 servers.close()
@@ -286,7 +315,7 @@ def main() -> int:
             for tree in trees:
                 ins = callgrind_instructions(tree)
                 base = base or ins
-                report.append(f"    {tree.label:13} {ins:10.0f}  ({ins / base - 1:+.1%} vs before)")
+                report.append(f"    {tree.label:14} {ins:10.0f}  ({ins / base - 1:+.1%} vs before)")
         print("\n" + "\n".join(report))
     finally:
         tmp.cleanup()
