@@ -3,27 +3,36 @@ this tree vs the last release before them (the parent of commit c187a4d), per ba
 the same run, on private servers.
 
     python benchmarks/holder_cost.py [--baseline TREE] [--backends memory,redis,...]
-        [--runs 5] [--seconds 3] [--no-commands] [--callgrind]
+        [--runs 5] [--seconds 3] [--no-record-pass] [--no-commands] [--callgrind]
 
 Without ``--baseline``, the baseline is ``git archive c187a4d^ aiolock`` exported to a temp
-dir. Three passes per backend and run, each a subprocess with ``PYTHONPATH`` set to one
-tree: ``before`` (the baseline, ``lock(name, ttl=10)``: it has no ``data=``), ``after``
-(this tree, ``lock(name, ttl=10, data="x" * 40)``) and ``after-nodata`` (this tree without
-``data=``: the record of host, pid and task is written anyway). The order of the passes is
-reversed every other run, so that none always goes first on a machine whose load drifts.
-Each tree has its own lock name, Redis database, ZooKeeper chroot and PostgreSQL database,
-so that neither meets the other's server state.
+dir. Each pass is a subprocess with ``PYTHONPATH`` set to one tree: ``before`` (the
+baseline, ``lock(name, ttl=10)``: it has no ``data=``), ``after`` (this tree,
+``lock(name, ttl=10, data="x" * 40)``), ``after-nodata`` (this tree without ``data=``:
+the record of host, pid and task is written anyway) and, with ``--no-record-pass``,
+``after-norecord`` (this tree with the record left empty: ``encode_holder`` patched to
+give ``""``; what this tree costs without the record, to tell the record's share from the
+other changes since the release). The order of the passes is reversed every other run,
+so that none always goes first on a machine whose load drifts. Each tree has its own lock
+name, Redis database, ZooKeeper chroot and SQL database, so that neither meets the
+other's server state.
 
-Prints each pass, then a table per backend: the median and range of each pass, the cost
-of ``after`` vs ``before`` from the medians, and the median (and range) of the costs paired
-run by run (the passes of one run are seconds apart: less drift). MySQL and etcd are not
-measured: their backends came after holder records (there is no "before").
+Each pass warms up (50 cycles), then times cycles for ``--seconds``: cycles/s (wall) and
+the client process's CPU time per cycle (``time.process_time``: less sensitive to the
+other processes of a loaded machine; on ``memory://`` the server is the client). Prints
+each pass, then per backend the median and range of each pass and each pass's cost vs
+``before``: from the medians, and paired run by run (the passes of one run are seconds
+apart: less drift), median and range.
+
+MySQL and etcd are not measured by default: their backends came after holder records
+(there is no "before"); ``--backends mysql --baseline TREE`` compares this tree with
+another one that has MySQL.
 
 Unless ``--no-commands``: the server commands per cycle on Redis and Redlock (``INFO
-commandstats`` over 2000 cycles after a warm-up, per tree; commands called by scripts are
-counted too). With ``--callgrind`` (slow: about a minute per tree): client CPU
-instructions per cycle on the memory backend, from ``valgrind --tool=callgrind`` runs of
-200 and 2200 cycles (the difference over 2000 cycles; deterministic, unlike the rates).
+commandstats`` over 2000 cycles after the warm-up, per pass; commands called by scripts
+are counted too). With ``--callgrind`` (slow: minutes): client CPU instructions per cycle
+on ``memory://``, from ``valgrind --tool=callgrind`` runs of 200 and 2200 cycles (the
+difference over 2000 cycles; deterministic, unlike the rates).
 """
 
 from __future__ import annotations
@@ -202,6 +211,15 @@ class Servers:
             asyncio.run(_make_databases(pg.url, ["bench_before", "bench_after"]))
             base = pg.url.rpartition("/")[0]
             return {side: f"{base}/bench_{side}" for side in ("before", "after")}
+        if backend == "mysql":
+            from tests.mysql_server import USER, MariaDBServer
+
+            my = self._start(MariaDBServer)
+            my.sql("".join(f"CREATE DATABASE bench_{side};"
+                           f" GRANT ALL ON bench_{side}.* TO '{USER}'@'127.0.0.1';"
+                           for side in ("before", "after")))
+            base = my.url.rpartition("/")[0]
+            return {side: f"{base}/bench_{side}" for side in ("before", "after")}
         if backend == "memcached":
             from tests.mc_server import MemcachedServer
 
@@ -259,7 +277,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--baseline", help=f"the tree before holder records (default: "
                         f"{HOLDERS_COMMIT}^ exported to a temp dir)")
-    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help="comma-separated, of: " + ", ".join(BACKENDS) + ", mysql (with --baseline)")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--no-commands", action="store_true", help="skip the Redis command counts")
@@ -270,9 +289,10 @@ def main() -> int:
     args = parser.parse_args()
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     for b in backends:
-        if b not in BACKENDS:
-            parser.error(f"unknown backend {b!r}; expected some of {', '.join(BACKENDS)} "
-                         "(mysql and etcd came after holder records)")
+        if b not in (*BACKENDS, "mysql"):
+            parser.error(f"unknown backend {b!r}; expected some of {', '.join(BACKENDS)}, mysql")
+        if b == "mysql" and not args.baseline:
+            parser.error("the mysql backend came after holder records: give --baseline TREE")
     if args.runs < 1 or args.seconds <= 0:
         parser.error("--runs must be >= 1 and --seconds > 0")
     if args.callgrind and shutil.which("valgrind") is None:
