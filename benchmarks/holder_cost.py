@@ -309,6 +309,7 @@ def main() -> int:
             trees.append(Tree("after-norecord", str(HERE), "after", None, no_record=True))
         report: list[str] = []
         for backend in backends:
+            start = len(report)
             servers = Servers()
             try:
                 urls = servers.urls(backend)
@@ -329,6 +330,7 @@ def main() -> int:
                                       + ", ".join(f"{k} {v:g}" for k, v in per.items()))
             finally:
                 servers.close()
+            print("\n".join(report[start:]), flush=True)
         if args.callgrind:
             report.append("memory, client instructions per cycle (callgrind, 2000 cycles):")
             base = None
@@ -336,7 +338,7 @@ def main() -> int:
                 ins = callgrind_instructions(tree)
                 base = base or ins
                 report.append(f"    {tree.label:14} {ins:10.0f}  ({ins / base - 1:+.1%} vs before)")
-        print("\n" + "\n".join(report))
+        print("\nsummary:\n" + "\n".join(report))
     finally:
         tmp.cleanup()
     return 0
