@@ -8,6 +8,7 @@ the claim has been held, through :func:`decode_holder`. Backends never parse it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -55,7 +56,14 @@ def check_data(data: object) -> str:
 
 def encode_holder(data: str, task: str | None) -> str:
     """The record of a holder in this process (what backends store as ``Claim.info``)."""
-    return json.dumps({"h": _HOST, "p": os.getpid(), "t": task, "d": data},
+    return _encode(os.getpid(), data, task)
+
+
+@functools.lru_cache(maxsize=256)
+def _encode(pid: int, data: str, task: str | None) -> str:
+    # cached: a worker acquiring in a loop sends the same record each time, and the JSON
+    # encoding was most of the record's cost (pid in the key: a forked child differs)
+    return json.dumps({"h": _HOST, "p": pid, "t": task, "d": data},
                       separators=(",", ":"), ensure_ascii=False)
 
 

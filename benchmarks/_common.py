@@ -174,19 +174,6 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(rank, len(ordered)) - 1]
 
 
-def tree_comparison_args(doc: str, backends: list[str] | None = None) -> argparse.Namespace:
-    """The options of the benchmarks that compare this tree with another, pass by pass:
-    ``--baseline TREE`` (required), ``--runs`` (3), ``--seconds`` per pass (3) and, where
-    ``backends`` are given, ``--backend`` (the first by default)."""
-    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
-    parser.add_argument("--baseline", required=True, help="the other tree (a checkout of main)")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=3.0)
-    if backends:
-        parser.add_argument("--backend", choices=backends, default=backends[0])
-    return parser.parse_args()
-
-
 # -- P processes x T tasks on one lock (bench_procs.py, procs_zk.py) ---------------------------
 
 Record = tuple[float, float, float, int, int]  # call, acquired, release called, pid, task
