@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 import sys
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -15,6 +16,9 @@ __all__ = ["SCHEMES", "connect"]
 
 #: Each backend class: its URL schemes, ``module.Class`` under ``aiolock.backends``, and
 #: the pip extra its client library comes with (None: no dependency).
+#: ``user:password@`` in something that is not quite a URL (``redis//u:pw@host``): masked
+_USERINFO = re.compile(r"([^/:@]*:)[^@/]*@")
+
 _BACKENDS: tuple[tuple[tuple[str, ...], str, str | None], ...] = (
     (("memory",), "memory.MemoryBackend", None),
     (("redis", "rediss", "unix"), "redis.RedisBackend", "redis"),
@@ -39,8 +43,9 @@ SCHEMES: dict[str, tuple[str, str, str | None]] = {
 def backend_from_url(url: str, **options: Any) -> Backend:
     """Build (but do not connect) the backend for ``url``."""
     if not isinstance(url, str) or "://" not in url:
+        shown = _USERINFO.sub(r"\1***@", url) if isinstance(url, str) else url
         raise ValueError(
-            f"expected a URL such as 'memory://' or 'redis://localhost:6379/0', got {url!r}"
+            f"expected a URL such as 'memory://' or 'redis://localhost:6379/0', got {shown!r}"
         )
     scheme = urlsplit(url).scheme.lower()
     if scheme not in SCHEMES:
@@ -52,6 +57,8 @@ def backend_from_url(url: str, **options: Any) -> Backend:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        if (exc.name or "").partition(".")[0] == "aiolock":
+            raise  # aiolock's own module: not a missing extra
         raise ImportError(
             f"the {scheme}:// backend needs an optional dependency ({exc.name}); "
             f"install it with: pip install 'aiolock[{extra}]'"

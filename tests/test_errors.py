@@ -130,3 +130,25 @@ def test_import_needs_no_backend_library() -> None:
             "print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("url", ["redis//user:s3cret-pw@host/0", "redis:/user:s3cret-pw@host"])
+def test_almost_a_url_never_shows_its_password(url: str) -> None:
+    with pytest.raises(ValueError, match="expected a URL") as refused:
+        aiolock.connect(url)
+    assert "s3cret-pw" not in str(refused.value)
+    assert "user:***@host" in str(refused.value)
+
+
+def test_broken_aiolock_module_is_not_reported_as_a_missing_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+
+    def broken(name: str) -> None:
+        raise ImportError("cannot import name 'x' from 'aiolock._validate'", name="aiolock._validate")
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    with pytest.raises(ImportError) as raised:
+        aiolock.connect("redis://127.0.0.1:1/0")
+    assert "pip install" not in str(raised.value)
