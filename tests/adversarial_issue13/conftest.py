@@ -1,0 +1,203 @@
+"""Fixtures of the issue-13 adversarial tests (observability: OpenTelemetry, logging, the
+``ls`` / ``top`` / ``revoke`` commands), written from README.md, SPEC.md §9 and
+docs/operations.md alone.
+
+OpenTelemetry: the real SDK (``InMemoryMetricReader``, ``InMemorySpanExporter``) set as the
+*global* providers, once, the first time a test asks for ``telemetry`` (the providers of a
+process cannot be set twice). Counters and histograms are read with DELTA temporality
+(each collection gives what happened since the previous one), up-down counters
+cumulatively (their current value).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..conftest import session_server
+from ..servers import RedisServer
+
+ROOT = Path(__file__).parents[2]
+
+#: the password of every server here; no error, log line, span or CLI output may show it
+SECRET = "Adv13-Sup3rS3cret-pw"
+
+pw_redis = session_server(
+    "pw_redis", lambda: RedisServer(args=["--requirepass", SECRET]),
+    "redis-server that requires the password SECRET.")
+
+
+# ---------------------------------------------------------------- OpenTelemetry
+
+
+@dataclass
+class Point:
+    metric: str
+    unit: str
+    kind: str  # histogram, counter, updown, gauge
+    attrs: dict[str, Any]
+    count: int = 0  # histogram
+    sum: float = 0.0  # histogram
+    value: float = 0.0  # sums
+    min: float = 0.0
+    max: float = 0.0
+
+
+@dataclass
+class Collected:
+    points: list[Point] = field(default_factory=list)
+    scopes: set[str] = field(default_factory=set)
+
+    def of(self, metric: str, **attrs: str) -> list[Point]:
+        want = {f"aiolock.{k}": v for k, v in attrs.items()}
+        return [p for p in self.points if p.metric == metric
+                and all(p.attrs.get(k) == v for k, v in want.items())]
+
+    def count(self, metric: str, **attrs: str) -> int:
+        """Histogram points recorded (sum of counts) / counter increments."""
+        pts = self.of(metric, **attrs)
+        return sum(p.count if p.kind == "histogram" else int(p.value) for p in pts)
+
+    def value(self, metric: str, **attrs: str) -> float:
+        return sum(p.value for p in self.of(metric, **attrs))
+
+
+class Telemetry:
+    def __init__(self) -> None:
+        from opentelemetry import metrics, trace
+        from opentelemetry.sdk.metrics import (
+            Counter,
+            Histogram,
+            MeterProvider,
+            ObservableCounter,
+            ObservableGauge,
+            ObservableUpDownCounter,
+            UpDownCounter,
+        )
+        from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        delta, cum = AggregationTemporality.DELTA, AggregationTemporality.CUMULATIVE
+        self.reader = InMemoryMetricReader(preferred_temporality={
+            Counter: delta, Histogram: delta, ObservableCounter: delta,
+            UpDownCounter: cum, ObservableUpDownCounter: cum, ObservableGauge: cum})
+        self.exporter = InMemorySpanExporter()
+        tp = TracerProvider()
+        tp.add_span_processor(SimpleSpanProcessor(self.exporter))
+        metrics.set_meter_provider(MeterProvider(metric_readers=[self.reader]))
+        trace.set_tracer_provider(tp)
+
+    def collect(self) -> Collected:
+        from opentelemetry.sdk.metrics.export import (
+            Histogram,
+            Sum,
+        )
+
+        out = Collected()
+        data = self.reader.get_metrics_data()
+        if data is None:
+            return out
+        for rm in data.resource_metrics:
+            for sm in rm.scope_metrics:
+                out.scopes.add(sm.scope.name)
+                for m in sm.metrics:
+                    if not m.name.startswith("aiolock"):
+                        continue
+                    for dp in m.data.data_points:
+                        attrs = dict(dp.attributes or {})
+                        if isinstance(m.data, Histogram):
+                            out.points.append(Point(m.name, m.unit or "", "histogram", attrs,
+                                                    count=dp.count, sum=dp.sum,
+                                                    min=dp.min, max=dp.max))
+                        elif isinstance(m.data, Sum):
+                            kind = "counter" if m.data.is_monotonic else "updown"
+                            out.points.append(Point(m.name, m.unit or "", kind, attrs,
+                                                    value=dp.value))
+                        else:
+                            out.points.append(Point(m.name, m.unit or "", "gauge", attrs,
+                                                    value=dp.value))
+        return out
+
+    def spans(self, name: str | None = None) -> list[Any]:
+        got = list(self.exporter.get_finished_spans())
+        return [s for s in got if name is None or s.name == name]
+
+    def reset(self) -> None:
+        self.collect()  # drains the deltas
+        self.exporter.clear()
+
+
+_TELEMETRY: list[Telemetry] = []
+
+
+@pytest.fixture
+def telemetry() -> Iterator[Telemetry]:
+    """The global SDK providers (set on first use), drained before the test."""
+    if not _TELEMETRY:
+        _TELEMETRY.append(Telemetry())
+    tel = _TELEMETRY[0]
+    tel.reset()
+    yield tel
+
+
+# ---------------------------------------------------------------- the command line
+
+
+@dataclass
+class Ran:
+    code: int
+    out: str
+    err: str
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "AIOLOCK_URL"}
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(extra)
+    return env
+
+
+async def cli(*args: str, timeout: float = 30.0, **env: str) -> Ran:
+    """``python -m aiolock ARGS`` in a child process (our event loop keeps running, so the
+    leases this test holds keep being renewed)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aiolock", *args, env=cli_env(**env),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise AssertionError(f"aiolock {' '.join(args)} did not finish in {timeout}s") from None
+    assert proc.returncode is not None
+    return Ran(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+@pytest.fixture
+async def pw_url(pw_redis: RedisServer) -> AsyncIterator[str]:
+    yield f"redis://:{SECRET}@127.0.0.1:{pw_redis.port}/0"
+
+
+# Defects these tests found that are still open: test id (as pytest shows it, without the
+# file) -> the one-line symptom. Each is marked xfail(strict=True): the suite stays green,
+# the defect stays visible, and a fix turns the entry into an error to delete.
+KNOWN_DEFECTS: dict[str, str] = {
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "adversarial_issue13" not in str(item.path):
+            continue
+        reason = KNOWN_DEFECTS.get(item.name)
+        if reason is not None:
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
