@@ -142,16 +142,29 @@ class _Hold:
             self._notify()
 
     def _notify(self) -> None:
-        for fut in self.waiters:
-            if not fut.done():
-                fut.set_result(None)
-        self.waiters.clear()
         callbacks, self.callbacks = self.callbacks, []
         for callback in callbacks:
             try:
                 callback()
             except Exception:  # a user callback must not break the watchdog
                 log.exception("on_lost callback for %r failed", self.claim.name)
+        waiters, self.waiters = self.waiters, []
+        if not waiters:
+            return
+        # wait_lost() returns one loop turn after the callbacks ran: the body's
+        # cancellation (scheduled by its callback) reaches the body first. Python 3.11's
+        # wait_for() drops a cancellation that comes once the awaited task is done, so a
+        # body in ``wait_for(lease.wait_lost(), t)`` would otherwise go on without the lock.
+        try:
+            asyncio.get_running_loop().call_soon(_wake, waiters)
+        except RuntimeError:  # (no loop running: nothing can be cancelled either)
+            _wake(waiters)
+
+
+def _wake(waiters: list[asyncio.Future[None]]) -> None:
+    for fut in waiters:
+        if not fut.done():
+            fut.set_result(None)
 
 
 class Lease:

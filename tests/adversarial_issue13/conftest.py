@@ -194,10 +194,6 @@ KNOWN_DEFECTS: dict[str, str] = {
     "test_ls_counts_waiter_on_holders_connection":
         "ls/top WAIT is 0 while tasks of the holder's own connection wait for the lock "
         "(queued locally, never counted on the server); a waiter on another connection counts",
-    **{f"test_body_cancelled_while_in_wait_for[{b}]":
-       "Python 3.11: a body awaiting asyncio.wait_for(lease.wait_lost(), t) is not cancelled "
-       "when the lease is lost (the cancellation is swallowed); it runs on unprotected"
-       for b in ("memory", "redis")},
 }
 
 
