@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import sys
@@ -138,10 +139,8 @@ async def children() -> AsyncIterator[list[Child]]:
     yield started
     for child in started:
         if child.proc.returncode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 child.signal(18)  # SIGCONT, in case it was stopped
-            except ProcessLookupError:
-                pass
         await child.kill()
 
 

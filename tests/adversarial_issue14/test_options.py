@@ -40,8 +40,8 @@ async def _use(url: str, **kw: Any) -> None:
     ("?socket_timeout=3", {}, "socket_timeout"),
     ("", {"decode_responses": True}, "decode_responses"),
 ])
-async def test_unknown_option_refused_naming_it(etcd: Target, query: str, kw: dict[str, Any],
-                                                named: str) -> None:
+async def test_unknown_option_refused_naming_it(
+        etcd: Target, query: str, kw: dict[str, Any], named: str) -> None:
     base = f"etcd://app:{SECRET}@{etcd.server.endpoint}"
     with pytest.raises(ValueError) as err:
         await _use(base + query, **kw)
@@ -51,7 +51,8 @@ async def test_unknown_option_refused_naming_it(etcd: Target, query: str, kw: di
 
 @pytest.mark.parametrize("query", [
     "?connect_timeout=abc", "?request_timeout=-1", "?request_timeout=0", "?connect_timeout=nan",
-    "?request_timeout=inf", "?connect_timeout=inf", "?tls=maybe", "?prefix=", "?prefix=a&prefix=b", "?ca_file=",
+    "?request_timeout=inf", "?connect_timeout=inf", "?tls=maybe", "?prefix=",
+    "?prefix=a&prefix=b", "?ca_file=",
     "?ca_file=/nonexistent/ca.pem", "?cert_file=/nonexistent/c.pem&key_file=/nonexistent/k.pem",
     "?cert_file=/etc/hostname",
 ])
@@ -196,10 +197,9 @@ async def test_tls_client_certificates(tls_etcd: tuple[EtcdServer, dict[str, Pat
     else:
         locks = aiolock.connect(f"etcd://{server.endpoint}", ca_file=str(c["ca"]),
                                 cert_file=str(c["client_cert"]), key_file=str(c["client_key"]))
-    async with locks:
-        async with locks.lock("tls", ttl=3) as lease:
-            assert lease.token > 0
-            assert (await locks.status("tls")).held
+    async with locks, locks.lock("tls", ttl=3) as lease:
+        assert lease.token > 0
+        assert (await locks.status("tls")).held
 
 
 @pytest.mark.parametrize("what", ["no-tls", "no-client-cert", "wrong-ca", "wrong-server-name"])
@@ -258,9 +258,8 @@ async def test_tls_true_refuses_plaintext_server(etcd: Target) -> None:
     assert time.monotonic() - t0 < 6
 
 
-async def test_default_port_2379_is_not_contacted_when_port_given() -> None:
-    """A member list with one dead member and the port given: unavailable, bounded (guard
-    that 'etcd://host' without port means 2379, never used here: the machine's own)."""
+async def test_every_member_dead_is_unavailable_bounded() -> None:
+    """Two members, both dead (refused): BackendUnavailable within the timeouts."""
     url = f"etcd://127.0.0.1:{free_port()},127.0.0.1:{free_port()}?connect_timeout=1&request_timeout=1"
     t0 = time.monotonic()
     with pytest.raises(aiolock.BackendUnavailable):

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 
 import pytest
 
 import aiolock
 
-from .conftest import Target, claim_keys, delta, grpc_counts, keys, since
+from .conftest import Target, claim_keys, delta, grpc_counts
 
 
 async def test_mutual_exclusion_and_tokens_across_connections(etcd: Target) -> None:
@@ -39,7 +40,7 @@ async def test_mutual_exclusion_and_tokens_across_connections(etcd: Target) -> N
         for c in conns:
             await c.aclose()
     assert len(tokens) == 48
-    assert all(b > a for a, b in zip(tokens, tokens[1:], strict=False)), tokens
+    assert all(b > a for a, b in itertools.pairwise(tokens)), tokens
     assert claim_keys(etcd.server, etcd.prefix) == []
 
 
