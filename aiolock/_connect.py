@@ -7,9 +7,10 @@ import inspect
 import re
 import sys
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ._locks import Locks
+from ._validate import check_timeouts
 from .abc import Backend
 
 __all__ = ["SCHEMES", "connect"]
@@ -18,6 +19,8 @@ __all__ = ["SCHEMES", "connect"]
 #: the pip extra its client library comes with (None: no dependency).
 #: ``user:password@`` in something that is not quite a URL (``redis//u:pw@host``): masked
 _USERINFO = re.compile(r"([^/:@]*:)[^@/]*@")
+
+_TIMEOUTS = ("connect_timeout", "request_timeout")
 
 _BACKENDS: tuple[tuple[tuple[str, ...], str, str | None], ...] = (
     (("memory",), "memory.MemoryBackend", None),
@@ -53,6 +56,7 @@ def backend_from_url(url: str, **options: Any) -> Backend:
             f"unknown URL scheme {scheme!r} in {url!r}; supported schemes: "
             + ", ".join(f"{s}://" for s in SCHEMES)
         )
+    _check_timeouts(url, options)
     module_name, class_name, extra = SCHEMES[scheme]
     try:
         module = importlib.import_module(module_name)
@@ -67,6 +71,26 @@ def backend_from_url(url: str, **options: Any) -> Backend:
     _check_options(backend_class.from_url, scheme, options)
     backend: Backend = backend_class.from_url(url, **options)
     return backend
+
+
+def _check_timeouts(url: str, options: dict[str, Any]) -> None:
+    """``connect_timeout`` / ``request_timeout``, in the URL's query or as keywords, are
+    finite seconds > 0 on every backend (``inf`` would make "bounded time" unbounded);
+    None as a keyword means the backend's default. Other malformed values are left to the
+    backend, which names what it accepts."""
+    try:
+        query = urlsplit(url).query
+    except ValueError:
+        return  # (the backend reports the malformed URL)
+    given: dict[str, object] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key in _TIMEOUTS:
+            try:
+                given[key] = float(value)
+            except ValueError:
+                continue
+    given.update((k, v) for k, v in options.items() if k in _TIMEOUTS and v is not None)
+    check_timeouts(**given)
 
 
 def _check_options(from_url: Any, scheme: str, options: dict[str, Any]) -> None:

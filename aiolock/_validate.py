@@ -78,10 +78,11 @@ def check_limit(limit: object) -> int:
 
 
 def check_timeouts(**values: object) -> None:
-    """ValueError unless each value is a number of seconds > 0."""
+    """ValueError unless each value is a finite number of seconds > 0."""
     for what, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{what} must be a number of seconds > 0, got {value!r}")
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+                or not math.isfinite(value)):
+            raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}")
 
 
 def parse_hosts(url: str, netloc: str, default_port: int, expected: str) -> list[tuple[str, int]]:

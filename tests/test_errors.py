@@ -152,3 +152,20 @@ def test_broken_aiolock_module_is_not_reported_as_a_missing_extra(
     with pytest.raises(ImportError) as raised:
         aiolock.connect("redis://127.0.0.1:1/0")
     assert "pip install" not in str(raised.value)
+
+
+@pytest.mark.parametrize("url", [
+    "redis://127.0.0.1:1/0", "zookeeper://127.0.0.1:1/x", "postgresql://u@127.0.0.1:1/d",
+    "memcached://127.0.0.1:1", "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+    "mysql://u@127.0.0.1:1/d", "redis+cluster://127.0.0.1:1", "redis+sentinel://127.0.0.1:1/s",
+    "etcd://127.0.0.1:1",
+])
+@pytest.mark.parametrize("option", ["connect_timeout", "request_timeout"])
+@pytest.mark.parametrize("where", ["query", "keyword"])
+def test_infinite_timeout_refused_everywhere(url: str, option: str, where: str) -> None:
+    """'Bounded time' stays bounded: inf (or nan) is a ValueError, on every backend."""
+    with pytest.raises(ValueError, match=option):
+        if where == "query":
+            aiolock.connect(f"{url}?{option}=inf")
+        else:
+            aiolock.connect(url, **{option: math.inf})

@@ -152,15 +152,6 @@ def since(start: float) -> float:
 # file) -> the one-line symptom. Each is marked xfail(strict=True): the suite stays green,
 # the defect stays visible, and a fix turns the entry into an error to delete.
 KNOWN_DEFECTS: dict[str, str] = {
-    "test_bad_option_value_is_value_error[?request_timeout=inf]":
-        "request_timeout=inf is accepted, then every request on a healthy member fails at once "
-        "with BackendUnavailable (DEADLINE_EXCEEDED)",
-    "test_bad_option_value_is_value_error[?connect_timeout=inf]":
-        "connect_timeout=inf is accepted: the connect timeout is no longer bounded",
-    "test_bad_option_value_is_value_error[?ca_file=]":
-        "an empty ca_file= is accepted and silently dropped (plain text, no TLS)",
-    "test_bad_keyword_value_is_value_error[username]":
-        "username='' (keyword) is accepted and silently means no authentication",
 }
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from ..._validate import query_pairs
+from ..._validate import check_seconds, query_pairs
 from ...errors import AccessDenied, BackendUnavailable, LockError
 from ._wire import grpc, hostport, open_channel, parse_hosts, pb
 
@@ -56,6 +56,8 @@ def options_from_url(
         user, _, password = userinfo.partition(":")
         given.update({k: unquote(v) for k, v in (("username", user), ("password", password)) if v})
     for key, value in query_pairs(query, f"etcd://{hosts}").items():  # twice: ValueError
+        if value == "" and key != "tls" and key in OPTIONS:  # (``?tls`` alone means tls=true)
+            raise ValueError(f"etcd option {key} needs a value (got {key}= in the URL)")
         given[key] = value
     overlap = set(given) & set(options)
     if overlap:
@@ -101,8 +103,12 @@ class Connection:
     ) -> None:
         self.hosts = parse_hosts(hosts)
         for what, value in (("connect_timeout", connect_timeout), ("request_timeout", request_timeout)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{what} must be a number of seconds > 0, got {value!r}")
+            check_seconds(what, value, allow_none=False, allow_zero=False)  # finite, > 0
+        for what, given in (("username", username), ("password", password), ("ca_file", ca_file),
+                            ("cert_file", cert_file), ("key_file", key_file),
+                            ("server_name", server_name)):
+            if given is not None and (not isinstance(given, str) or not given):
+                raise ValueError(f"{what} must be a non-empty string or None, got {given!r}")
         if not isinstance(prefix, str) or not prefix or prefix.endswith("/"):
             raise ValueError(f"prefix must be a non-empty key prefix without a trailing '/', got {prefix!r}")
         if bool(username) != bool(password):
