@@ -148,6 +148,8 @@ class LeaseSession:
                 alive.append(lease)
         for lease in alive:
             self._sweep(lease, now)
+        # (a lease left without claims is revoked now: it takes its orphans with it)
+        alive = [lease for lease in alive if lease.id in self.leases]
         dirty = [lease for lease in alive if lease.orphans]
         if dirty:
             await asyncio.gather(*(self.clear_orphans(lease) for lease in dirty))
@@ -182,6 +184,7 @@ class LeaseSession:
                     st.abandoned = True  # (its tombstone bars it for good)
                 self.on_swept(st)
                 st.reset()
+        self.check_idle(lease)
 
     async def refresh(self, st: ClaimState) -> bool:
         """Keep one claim's lease alive now; False if it is gone or not surely alive (a
