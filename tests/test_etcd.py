@@ -54,10 +54,12 @@ def cluster() -> Iterator[EtcdCluster]:
 
 
 def _keys(server: EtcdServer, url: str) -> list[str]:
-    """The claim keys under the URL's prefix (not the token keys, which stay)."""
+    """The claim keys under the URL's prefix (not the token keys, which stay, nor the
+    tombstones of abandoned claims, which go with their lease)."""
     prefix = url.partition("prefix=")[2]
     out = server.etcdctl("get", "--prefix", "--keys-only", prefix + "/")
-    return [line for line in out.splitlines() if line.strip() and not line.startswith(f"{prefix}/token/")]
+    return [line for line in out.splitlines() if line.strip()
+            and not line.startswith((f"{prefix}/token/", f"{prefix}/gone/"))]
 
 
 # -- URL and options -----------------------------------------------------------------------
@@ -168,6 +170,183 @@ async def test_keepalives_share_one_stream(url: str) -> None:
         assert not any(lease.lost for lease in leases)
         for lease in leases:
             await lease.release()
+
+
+# -- shared leases --------------------------------------------------------------------------
+
+
+async def _lease_of_keys(backend: EtcdBackend, url: str) -> set[int]:
+    """The etcd leases the claim keys under the URL's prefix are attached to."""
+    from aiolock.backends.etcd._recipe import range_end
+    from aiolock.backends.etcd._wire import pb
+
+    prefix = (url.partition("prefix=")[2] + "/lock/").encode()
+    request = pb.RangeRequest(key=prefix, range_end=range_end(prefix))
+    reply = await backend._unary("KV", "Range", request, "a read")
+    return {int(kv.lease) for kv in reply.kvs}
+
+
+async def _lease_ttl(backend: EtcdBackend, lease: int) -> tuple[int, int]:
+    """(TTL left, -1 once gone; keys attached) of an etcd lease."""
+    from aiolock.backends.etcd._wire import pb
+
+    request = pb.LeaseTimeToLiveRequest(ID=lease, keys=True)
+    reply = await backend._unary("Lease", "LeaseTimeToLive", request, "a read")
+    return int(reply.TTL), len(reply.keys)
+
+
+async def _all_leases(backend: EtcdBackend) -> set[int]:
+    from aiolock.backends.etcd._wire import pb
+
+    reply = await backend._unary("Lease", "LeaseLeases", pb.LeaseLeasesRequest(), "a read")
+    return {int(lease.ID) for lease in reply.leases}
+
+
+async def test_claims_of_one_ttl_share_one_lease(url: str) -> None:
+    async with aiolock.connect(url) as locks, aiolock.connect(url) as other:
+        backend = locks.backend
+        assert isinstance(backend, EtcdBackend)
+        before = await _all_leases(backend)
+        leases = await asyncio.gather(*(locks.lock(f"many{i}", ttl=2).acquire() for i in range(200)))
+        permits = [await locks.semaphore("sem", limit=3, ttl=2).acquire() for _ in range(3)]
+        reader = await locks.rwlock("rw", ttl=2).read().acquire()
+        longer = await locks.lock("longer", ttl=5).acquire()  # another length: its own lease
+        shared, five = backend._leases.current[2].id, backend._leases.current[5].id
+        assert await _lease_of_keys(backend, url) == {shared, five}  # every lock key of ttl 2 on one
+        assert await _all_leases(backend) - before == {shared, five} == set(backend._leases.leases)
+        ttl, keys = await _lease_ttl(backend, shared)
+        assert ttl > 0 and keys == 200 + 3 + 1
+        await asyncio.sleep(2.5)  # renewed: one keep-alive per lease a round
+        assert not any(lease.lost for lease in [*leases, *permits, reader, longer])
+        with pytest.raises(aiolock.LockTimeout):
+            await other.lock("many7").acquire(timeout=0.2)
+        tokens = [lease.token for lease in leases]
+        assert len(set(tokens)) == len(tokens)  # each claim its own key: its own token
+        for lease in [*leases, *permits, reader, longer]:
+            await lease.release()
+
+
+async def test_losing_the_shared_lease_loses_every_claim_on_it(url: str) -> None:
+    from aiolock.backends.etcd._wire import pb
+
+    async with aiolock.connect(url) as locks, aiolock.connect(url) as other:
+        backend = locks.backend
+        assert isinstance(backend, EtcdBackend)
+        leases = [await locks.lock(f"l{i}", ttl=2).acquire() for i in range(5)]
+        (shared,) = await _lease_of_keys(backend, url)
+        await other.backend._unary("Lease", "LeaseRevoke", pb.LeaseRevokeRequest(ID=shared), "a revoke")
+        async with asyncio.timeout(3):  # the next keep-alive answers TTL 0
+            await asyncio.gather(*(lease.wait_lost() for lease in leases))
+        assert all("no longer has it" in str(lease._hold.lost_reason) for lease in leases)
+        async with other.lock("l3", timeout=1):  # freed on the server with the lease
+            pass
+        again = await locks.lock("l0", ttl=2).acquire(timeout=2)  # a new lease for later claims
+        assert await _lease_of_keys(backend, url) == {backend._leases.current[2].id} != {shared}
+        await asyncio.sleep(1.0)
+        assert not again.lost
+        await again.release()
+
+
+async def test_an_individual_revoke_loses_only_that_claim(url: str) -> None:
+    async with aiolock.connect(url) as locks, aiolock.connect(url) as admin:
+        backend = locks.backend
+        assert isinstance(backend, EtcdBackend)
+        leases = {name: await locks.lock(name, ttl=1).acquire() for name in ("a", "b", "c")}
+        (shared,) = await _lease_of_keys(backend, url)
+        assert await admin.lock("b").force_release()
+        async with asyncio.timeout(2):
+            await leases["b"].wait_lost()
+        assert "revoked" in str(leases["b"]._hold.lost_reason)
+        await asyncio.sleep(1.2)  # the others are renewed on, on the same lease
+        assert not leases["a"].lost and not leases["c"].lost
+        assert await _lease_of_keys(backend, url) == {shared}
+        assert (await _lease_ttl(backend, shared))[1] == 2
+        for name in ("a", "c"):
+            await leases[name].release()
+
+
+async def test_the_last_release_ends_the_lease(url: str) -> None:
+    async with aiolock.connect(url) as locks:
+        backend = locks.backend
+        assert isinstance(backend, EtcdBackend)
+        leases = [await locks.lock(f"r{i}", ttl=3).acquire() for i in range(3)]
+        (shared,) = await _lease_of_keys(backend, url)
+        for lease in leases[:2]:
+            await lease.release()
+        assert (await _lease_ttl(backend, shared))[1] == 1  # still in use
+        await leases[2].release()
+        released = time.monotonic()
+        assert (await _lease_ttl(backend, shared))[1] == 0  # kept for reuse while fresh...
+        again = await locks.lock("r9", ttl=3).acquire()  # ... and reused: no new grant
+        assert await _lease_of_keys(backend, url) == {shared}
+        await again.release()
+        await asyncio.sleep(max(0.0, released + 2.2 - time.monotonic()))
+        # ... then revoked once under half its ttl is left (it would live until 3 s)
+        assert (await _lease_ttl(backend, shared))[0] == -1
+        assert shared not in backend._leases.leases and 3 not in backend._leases.current
+        third = await locks.lock("r9", ttl=3).acquire()  # a new one
+        assert await _lease_of_keys(backend, url) != {shared}
+        await third.release()
+        fourth = backend._leases.current[3].id
+    async with aiolock.connect(url) as check:  # closing the connection revoked it
+        assert isinstance(check.backend, EtcdBackend)
+        assert (await _lease_ttl(check.backend, fourth))[0] == -1
+
+
+async def test_a_put_in_flight_when_abandoned_is_barred(url: str, etcd_server: EtcdServer) -> None:
+    """An acquire cancelled mid-request: its put may still land after the abandon; the
+    shared lease cannot be revoked for it, so a tombstone on the lease bars it."""
+    from aiolock.abc import Claim, Granted, Kind
+    from aiolock.backends.etcd._claim import state
+
+    backend = EtcdBackend.from_url(url)
+    try:
+        other = Claim("other", Kind.LOCK, uuid.uuid4().hex, ttl_ms=2000)
+        assert isinstance(await backend.try_acquire(other), Granted)  # (the lease stays in use)
+        claim = Claim("late", Kind.LOCK, uuid.uuid4().hex, ttl_ms=2000)
+        assert isinstance(await backend.try_acquire(claim), Granted)
+        st = state(claim)
+        lease = st.lease
+        st.uncertain = True  # as if the reply never came
+        await backend.abandon(claim)
+        assert len(_keys(etcd_server, url)) == 1
+        # the put arrives late: the same transaction, on the same lease
+        st.abandoned = False
+        backend._leases.attach(lease, claim.owner, st)
+        assert await backend._attempt(claim, st, time.monotonic()) is None
+        assert len(_keys(etcd_server, url)) == 1  # not written
+        assert lease is not None and lease.tombstones == 1
+    finally:
+        await backend.aclose()
+
+
+async def test_keys_nobody_counts_on_are_deleted_before_a_keep_alive(
+    url: str, etcd_server: EtcdServer,
+) -> None:
+    """A claim whose delete failed (an orphan) or that the core stopped renewing (past
+    its own expiry) must not live on with the shared lease."""
+    from aiolock.abc import Claim, Granted, Kind
+    from aiolock.backends.etcd._claim import state
+
+    backend = EtcdBackend.from_url(url)
+    try:
+        kept, failed, left = (Claim(n, Kind.LOCK, uuid.uuid4().hex, ttl_ms=3000) for n in ("k", "f", "l"))
+        for claim in (kept, failed, left):
+            assert isinstance(await backend.try_acquire(claim), Granted)
+        lease = state(kept).lease
+        assert lease is not None and state(failed).lease is lease is state(left).lease
+        # a delete that failed
+        backend._leases.orphan(state(failed), failed.owner, backend._claim_key(failed), False)
+        state(left).own_until = time.monotonic() - 0.01  # the core's expiry passed unrenewed
+        lease.swept = 0.0
+        assert len(_keys(etcd_server, url)) == 3
+        (ms,) = await backend.renew([kept])
+        assert ms is not None and ms > 0
+        assert [k.rsplit("/", 2)[1] for k in _keys(etcd_server, url)] == ["k"]
+        assert list(lease.claims) == [kept.owner] and not lease.orphans
+        assert (await backend.renew([left])) == [None]
+    finally:
+        await backend.aclose()
 
 
 # -- faults ----------------------------------------------------------------------------------
@@ -370,18 +549,25 @@ async def test_blackholed_holder_knows_before_anyone_else_gets_it(url: str, etcd
         await proxy.aclose()
 
 
-async def test_a_stale_spare_lease_is_replaced(url: str) -> None:
+async def test_a_stale_idle_lease_is_replaced(url: str) -> None:
     async with aiolock.connect(url) as locks:
         backend = locks.backend
         assert isinstance(backend, EtcdBackend)
         lease = await locks.lock("s", ttl=1).acquire()
-        await lease.release()  # its etcd lease is kept as a spare
-        pool = backend._leases.spares[1]
-        assert pool
+        await lease.release()  # its etcd lease is kept for reuse while fresh
+        shared = backend._leases.current[1]
+        assert not shared.claims
         await asyncio.sleep(1.6)  # expired on the server (1 s + the 0.5 s sweep)
-        pool[:] = [(lid, time.monotonic(), ttl) for lid, _, ttl in pool]  # believed fresh
+        if shared.idle_timer is not None:
+            shared.idle_timer.cancel()
+            shared.idle_timer = None
+        backend._leases.current[1] = shared
+        backend._leases.leases[shared.id] = shared
+        shared.retired = False
+        shared.confirmed = time.monotonic()  # believed fresh
         again = await locks.lock("s", ttl=1).acquire(timeout=2)  # the put finds no lease: a new one
         assert again.token > lease.token and not again.lost
+        assert backend._leases.current[1] is not shared and shared.lost
         await again.release()
 
 

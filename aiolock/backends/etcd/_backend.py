@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
@@ -16,7 +17,7 @@ from ...errors import LockError
 from . import _recipe as recipe
 from ._claim import ClaimState, state
 from ._connection import Connection, LeaseGone, options_from_url
-from ._leases import MARGIN, LeaseSession
+from ._leases import MARGIN, TOMBSTONES, TXN_OPS, LeaseSession
 from ._operators import Operators
 from ._recipe import Entry
 from ._watches import Watches
@@ -31,8 +32,6 @@ MAX_RECHECK = 5.0
 #: A claim answered Busy and then neither asked again nor listening for this long (the
 #: core gave up after one try) loses its key.
 UNATTENDED = 0.5
-#: Operations per transaction (etcd's --max-txn-ops defaults to 128).
-TXN_OPS = 100
 
 
 class EtcdBackend(Operators, Backend):
@@ -58,6 +57,7 @@ class EtcdBackend(Operators, Backend):
         self._prefix = prefix
         self._leases = LeaseSession(self._conn)
         self._watches = Watches(self._conn)
+        self._leases.on_swept = self._watches.unwatch
         self._deleting = {}
         self._unary, self._bounded = self._conn.unary, self._conn.bounded  # (tests/faults' names)
 
@@ -82,8 +82,10 @@ class EtcdBackend(Operators, Backend):
     # -- keys -----------------------------------------------------------------------------
 
     def _forget(self, claim: Claim) -> None:
+        """Our key is gone (or its lease is): off the lease, the watches cancelled."""
         st = state(claim)
         self._watches.unwatch(st)
+        self._leases.detach(st, claim.owner)
         st.reset()
 
     # -- acquire --------------------------------------------------------------------------
@@ -96,14 +98,19 @@ class EtcdBackend(Operators, Backend):
         busy = self._same_answer(claim, st)
         if busy is not None:
             return busy
-        async with self._conn.bounded("an acquire"):
-            await self._conn.check_token()
-            started = time.monotonic()
-            for _ in range(4):
-                answer = await self._attempt(claim, st, started)
-                if answer is not None:
-                    return answer
-        return Busy(0.05)
+        st.own_until = math.inf  # (not swept off its lease meanwhile)
+        try:
+            async with self._conn.bounded("an acquire"):
+                await self._conn.check_token()
+                started = time.monotonic()
+                for _ in range(4):
+                    answer = await self._attempt(claim, st, started)
+                    if answer is not None:
+                        return answer
+            return Busy(0.05)
+        finally:
+            if st.own_until == math.inf:  # (failed: the core abandons it; else it is swept)
+                st.own_until = time.monotonic() + claim.ttl_ms / 1000
 
     def _same_answer(self, claim: Claim, st: ClaimState) -> Busy | None:
         """Asked again with nothing changed (no watch fired, no stream restart, no re-check
@@ -115,6 +122,7 @@ class EtcdBackend(Operators, Backend):
         if left <= 0 or not self._watches.watching(st):
             return None
         st.busy = busy
+        st.own_until = busy[1] + claim.ttl_ms / 1000
         self._answered_busy(claim, st)
         return Busy(left)
 
@@ -123,28 +131,37 @@ class EtcdBackend(Operators, Backend):
         family; None: start again (our lease was gone or not surely alive)."""
         prefix = self._family_prefix(claim.name, claim.kind)
         key = self._claim_key(claim)
-        lease = st.lease if st.lease is not None else await self._leases.take(st, claim.ttl_ms)
+        if st.lease is not None and st.lease.lost:  # (its key is gone, or going)
+            self._forget(claim)
+        lease = st.lease if st.lease is not None else await self._leases.take(st, claim.owner, claim.ttl_ms)
         listing = self._listing(claim.name, claim.kind)
+        # (a tombstone: this claim was abandoned while this put was in flight)
+        barred = pb.Compare(key=self._leases.tombstone(claim.owner), target=CREATE, result=EQUAL,
+                            create_revision=0)
         txn = pb.TxnRequest(
-            compare=[pb.Compare(key=key, target=CREATE, result=EQUAL, create_revision=0)],
+            compare=[pb.Compare(key=key, target=CREATE, result=EQUAL, create_revision=0), barred],
             success=[pb.RequestOp(request_put=pb.PutRequest(
-                         key=key, value=recipe.value(claim, st.key_stamp()), lease=lease)),
+                         key=key, value=recipe.value(claim, st.key_stamp()), lease=lease.id)),
                      pb.RequestOp(request_put=pb.PutRequest(key=self._token_key(claim.name, claim.kind))),
                      listing],
             failure=[listing],
         )
+        st.uncertain = True  # until answered
         try:
             reply = await self._conn.unary("KV", "Txn", txn, "an acquire")
-        except LeaseGone:  # our lease expired while we waited: start again
+        except LeaseGone:  # the lease expired (every claim on it is lost): start again
+            st.uncertain = False
+            self._leases.lose(lease)
             self._forget(claim)
             return None
+        st.uncertain = False
         entries = recipe.entries(reply.responses[-1].response_range.kvs, prefix)
         index = next((i for i, e in enumerate(entries) if e.owner == claim.owner), None)
         if index is None:  # cannot be (one transaction), but never grant on it
             self._forget(claim)
             return None
         me = entries[index]
-        if me.lease != lease and not await self._adopt(st, me):
+        if me.lease != lease.id and not await self._adopt(claim, st, me):
             return None
         st.rev = me.rev
         if any(e.owner == claim.owner for e in recipe.holders(entries, claim.limit)):
@@ -153,32 +170,31 @@ class EtcdBackend(Operators, Backend):
         self._watches.watch(claim, targets, int(reply.header.revision) + 1)
         return await self._queued(claim, st)
 
-    async def _adopt(self, st: ClaimState, me: Entry) -> bool:
-        """Our key is on another lease (an earlier one of this claim, whose reply was
-        lost or which was being revoked): keep it if that lease surely lives on, else
-        revoke it (which deletes the key) and try again."""
-        sent = time.monotonic()
-        ours = st.lease
-        reply = await self._conn.unary(
-            "Lease", "LeaseTimeToLive", pb.LeaseTimeToLiveRequest(ID=me.lease), "an acquire")
-        if reply.TTL >= 1:  # (whole seconds left, truncated: a lower bound)
-            st.lease = me.lease
-            st.confirm(sent, int(reply.TTL))
-            if ours is not None:
-                self._conn.spawn(self._conn.revoke_quietly(ours))
+    async def _adopt(self, claim: Claim, st: ClaimState, me: Entry) -> bool:
+        """Our key is on another lease (an earlier one of this claim, lost since): keep
+        it if that lease is ours and surely lives on, else delete the key (only it: the
+        lease may carry other claims) and try again."""
+        known = self._leases.leases.get(me.lease)
+        if known is not None and not known.lost and known.believed_until() - time.monotonic() > MARGIN:
+            self._leases.attach(known, claim.owner, st)
             return True
-        with contextlib.suppress(LeaseGone):
-            await self._conn.unary("Lease", "LeaseRevoke", pb.LeaseRevokeRequest(ID=me.lease), "an acquire")
+        txn = pb.TxnRequest(
+            compare=[pb.Compare(key=me.key, target=CREATE, result=EQUAL, create_revision=me.rev)],
+            success=[pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=me.key))])
+        await self._conn.unary("KV", "Txn", txn, "an acquire")
         return False
 
     async def _drop_lease(self, claim: Claim, st: ClaimState) -> None:
-        """Our lease is gone or not surely alive: revoke it (deleting our key, so that no
-        keep-alive is ever sent for a lease the server may have expired) and forget it."""
+        """Our lease is gone or not surely alive: it is lost, with every claim on it;
+        revoke it (deleting its keys, so that no keep-alive is ever sent for a lease the
+        server may have expired) and forget it."""
         lease = st.lease
         self._forget(claim)
         if lease is not None:
+            self._leases.lose(lease, revoke=False)
             with contextlib.suppress(LeaseGone):
-                await self._conn.unary("Lease", "LeaseRevoke", pb.LeaseRevokeRequest(ID=lease), "an acquire")
+                revoke = pb.LeaseRevokeRequest(ID=lease.id)
+                await self._conn.unary("Lease", "LeaseRevoke", revoke, "an acquire")
 
     async def _granted(self, claim: Claim, st: ClaimState, started: float) -> Granted | None:
         if st.left_ms(claim.ttl_ms, started) < claim.ttl_ms / 2 and not await self._leases.refresh(st):
@@ -187,19 +203,23 @@ class EtcdBackend(Operators, Backend):
         self._watches.unwatch(st)
         st.granted = True
         assert st.rev is not None
-        return Granted(st.rev, st.left_ms(claim.ttl_ms, started))
+        left = st.left_ms(claim.ttl_ms, started)
+        st.own_until = started + left / 1000  # (what the core counts on, at least)
+        return Granted(st.rev, left)
 
     async def _queued(self, claim: Claim, st: ClaimState) -> Busy | None:
         """Waiting: keep our own lease (our place in the queue) alive, and say when to
         look again."""
-        ttl = st.lease_ttl
-        due = st.left_ms(claim.ttl_ms, time.monotonic()) < ttl * 1000 * 2 / 3
+        assert st.lease is not None
+        lease = st.lease
+        due = st.left_ms(claim.ttl_ms, time.monotonic()) < lease.granted * 1000 * 2 / 3
         if due and not await self._leases.refresh(st):
             await self._drop_lease(claim, st)
             return None
         now = time.monotonic()
-        wait = max(0.001, min(MAX_RECHECK, st.confirmed + ttl / 3 - now))
+        wait = max(0.001, min(MAX_RECHECK, lease.confirmed + lease.granted / 3 - now))
         st.busy = (self._watches.epoch, now + wait)
+        st.own_until = now + wait + claim.ttl_ms / 1000
         self._answered_busy(claim, st)
         return Busy(wait)
 
@@ -215,9 +235,11 @@ class EtcdBackend(Operators, Backend):
         st = state(claim)
         if (st.asked is token and claim.owner not in self._watches.waiters and st.lease is not None
                 and not self._conn.closed and not st.granted and not st.abandoned):
-            lease = st.lease
-            self._forget(claim)  # asked again later, it takes a new place
-            self._conn.spawn(self._conn.revoke_quietly(lease))
+            self._watches.unwatch(st)  # asked again later, it takes a new place
+            lease = self._leases.orphan(st, claim.owner, self._claim_key(claim), st.uncertain)
+            st.reset()
+            if lease is not None:
+                self._conn.spawn(self._leases.clear_quietly(lease))
 
     # -- renew ----------------------------------------------------------------------------
 
@@ -230,29 +252,35 @@ class EtcdBackend(Operators, Backend):
         now = time.monotonic()
         for i, claim in enumerate(claims):
             st = state(claim)
-            if st.lease is None or not st.granted or st.believed_until() - now < MARGIN:
+            lease = st.lease
+            if lease is None or not st.granted or lease.lost or lease.believed_until() - now < MARGIN:
                 continue  # (not surely alive: lost, and no keep-alive to hold up the stream)
-            if claim.ttl_ms > st.lease_ttl * 1000:
+            if claim.ttl_ms > lease.granted * 1000:
                 moves.append((i, claim))  # extended past its etcd lease: a longer one
             else:
                 ask.append((i, claim, st))
         async with self._conn.bounded("a renewal"):
-            sent = time.monotonic()
             if ask:
-                # the keep-alives, and (one transaction per TXN_OPS claims) whether each key
-                # is still there: a key gone under a live lease was revoked by an operator
-                until = max(st.believed_until() for _, _, st in ask)
+                # one keep-alive per lease (its orphans deleted first; the claims the core
+                # no longer counts on swept off it), and (one transaction per TXN_OPS
+                # claims) whether each key is still there: a key gone under a live lease
+                # was revoked by an operator
+                leases = list({id(st.lease): st.lease for _, _, st in ask if st.lease is not None}.values())
                 ttls, present = await asyncio.gather(
-                    self._leases.keep_alive([st.lease for _, _, st in ask if st.lease is not None], until),
-                    self._present([claim for _, claim, _ in ask]))
+                    self._leases.extend(leases), self._present([claim for _, claim, _ in ask]))
+                answers = {lease.id: ttl for lease, ttl in zip(leases, ttls, strict=True)}
             else:
-                ttls, present = [], []
-            for (i, claim, st), ttl, there in zip(ask, ttls, present, strict=True):
-                if ttl > 0 and not there:
+                answers, present = {}, []
+            for (i, claim, st), there in zip(ask, present, strict=True):
+                lease = st.lease  # (None if it was swept meanwhile)
+                ttl = answers.get(lease.id, 0) if lease is not None and st.granted else 0
+                if lease is None or ttl <= 0:
+                    continue
+                if not there:
                     out[i] = REVOKED
-                elif ttl > 0:
-                    st.confirm(sent, ttl)
-                    out[i] = min(claim.ttl_ms, ttl * 1000)
+                else:
+                    ms = out[i] = min(claim.ttl_ms, ttl * 1000)
+                    st.own_until = lease.confirmed + ms / 1000
             for i, claim in moves:
                 out[i] = await self._move_lease(claim)
         return out
@@ -278,19 +306,27 @@ class EtcdBackend(Operators, Backend):
                 key=key, value=recipe.value(claim, st.key_stamp()), lease=lease))])
 
     async def _move_lease(self, claim: Claim) -> int | None:
-        """Attach the claim's key to a new lease of its (longer) ttl; same key, same
+        """Attach the claim's key to the (shared) lease of its longer ttl; same key, same
         create_revision, so the same token. The ms granted, or None if the key is gone."""
         st = state(claim)
-        old = st.lease
         assert st.rev is not None
         sent = time.monotonic()
-        lease = await self._leases.grant(st, claim.ttl_ms)
-        reply = await self._conn.unary("KV", "Txn", self._rewrite(claim, st, lease), "a renewal")
-        stale = lease if not reply.succeeded else old
-        if stale is not None:
-            self._conn.spawn(self._conn.revoke_quietly(stale))
+        lease = await self._leases.current_lease(recipe.lease_seconds(claim.ttl_ms))
+        lease.claims[claim.owner] = st  # on both while the rewrite is in flight
+        try:
+            reply = await self._conn.unary("KV", "Txn", self._rewrite(claim, st, lease.id), "a renewal")
+        except LeaseGone:
+            self._leases.lose(lease)
+            raise
+        except BaseException:
+            lease.claims.pop(claim.owner, None)
+            self._leases.check_idle(lease)
+            raise
         if not reply.succeeded:
+            lease.claims.pop(claim.owner, None)
+            self._leases.check_idle(lease)
             return None
+        self._leases.attach(lease, claim.owner, st)  # (and off the old one)
         return st.left_ms(claim.ttl_ms, sent)
 
     async def set_info(self, claim: Claim) -> bool:
@@ -301,7 +337,8 @@ class EtcdBackend(Operators, Backend):
             return False
         async with self._conn.bounded("a proclaim"):
             try:
-                reply = await self._conn.unary("KV", "Txn", self._rewrite(claim, st, st.lease), "a proclaim")
+                rewrite = self._rewrite(claim, st, st.lease.id)
+                reply = await self._conn.unary("KV", "Txn", rewrite, "a proclaim")
             except LeaseGone:
                 return False
         return bool(reply.succeeded)
@@ -327,15 +364,13 @@ class EtcdBackend(Operators, Backend):
         self._watches.unwatch(st)
         if st.lease is None:
             return False
-        repeated = st.revoking == st.lease  # an earlier release was interrupted
-        st.revoking = st.lease
+        repeated = st.revoking == st.lease.id  # an earlier release was interrupted
+        st.revoking = st.lease.id
         with self._deletion(claim):
             async with self._conn.bounded("a release"):
                 request = pb.DeleteRangeRequest(key=self._claim_key(claim))
                 reply = await self._conn.unary("KV", "DeleteRange", request, "a release")
-        if reply.deleted > 0:
-            self._leases.give_back(st, claim.ttl_ms)  # the lease lives on, keyless: the next acquire's
-        self._forget(claim)
+        self._forget(claim)  # (its last claim gone, the lease is kept for reuse while fresh)
         return reply.deleted > 0 or repeated
 
     async def abandon(self, claim: Claim) -> None:
@@ -345,19 +380,39 @@ class EtcdBackend(Operators, Backend):
         waiter = self._watches.waiters.get(claim.owner)
         if waiter is not None and waiter.claim is claim:
             del self._watches.waiters[claim.owner]
-        if st.lease is None:
+        lease = st.lease
+        if lease is None:
             return
-        # Revoking deletes our key; a put still in flight finds no lease and fails; a
-        # grant still in flight makes a lease without keys, which expires by its ttl.
-        # Then the key is deleted by its name (our owner id) too, whatever lease it has
-        # (one attached to an earlier lease of this claim, say).
-        with self._deletion(claim):
-            async with self._conn.bounded("an abandon"):
-                with contextlib.suppress(LeaseGone):
-                    await self._conn.unary(
-                        "Lease", "LeaseRevoke", pb.LeaseRevokeRequest(ID=st.lease), "an abandon")
-                await self._conn.unary(
-                    "KV", "DeleteRange", pb.DeleteRangeRequest(key=self._claim_key(claim)), "an abandon")
+        # The key is deleted by its name (our owner id), whatever lease it is on. A put
+        # of it may still be in flight (the acquire was cancelled mid-request): the lease
+        # is shared, so revoking it is no way to make that put fail; a tombstone is, on
+        # the put's lease (so it goes with the lease), which the put's transaction checks.
+        key = self._claim_key(claim)
+        tombstone = st.uncertain
+        delete = pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key))
+        ops = [delete]
+        if tombstone:
+            ops.insert(0, pb.RequestOp(request_put=pb.PutRequest(
+                key=self._leases.tombstone(claim.owner), lease=lease.id)))
+        try:
+            with self._deletion(claim):
+                async with self._conn.bounded("an abandon"):
+                    try:
+                        await self._conn.unary("KV", "Txn", pb.TxnRequest(success=ops), "an abandon")
+                    except LeaseGone:  # then no put on it can land either
+                        self._leases.lose(lease)
+                        await self._conn.unary("KV", "Txn", pb.TxnRequest(success=[delete]), "an abandon")
+                        tombstone = False
+        except BaseException:
+            # deleted before its lease is kept alive again (or with the lease)
+            self._watches.unwatch(st)
+            self._leases.orphan(st, claim.owner, key, tombstone)
+            st.reset()
+            raise
+        if tombstone:
+            lease.tombstones += 1
+            if lease.tombstones >= TOMBSTONES:
+                self._leases.retire(lease)
         self._forget(claim)
 
     # -- listeners ------------------------------------------------------------------------
