@@ -9,15 +9,8 @@ from typing import Any
 import fakeredis
 import pytest
 
-from aiolock.backends._redis_scripts import (
-    ACQUIRE,
-    ACQUIRE_SHARED,
-    INSPECT,
-    RELEASE,
-    RELEASE_SHARED,
-    RENEW,
-    Script,
-)
+from aiolock.backends._redis_scripts import ACQUIRE, INSPECT, RELEASE, RENEW, Script
+from aiolock.backends._redis_scripts_shared import ACQUIRE_SHARED, RELEASE_SHARED
 from aiolock.fencing import FENCED_WRITE
 
 

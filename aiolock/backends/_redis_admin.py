@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._holder import decode_holder
 from ..abc import FAMILY_KIND, Claim, Kind, LockInfo
-from ._redis_scripts import INSPECT, INSPECT_SHARED, LIB, WAITER, Script
+from ._redis_scripts import INSPECT, LIB, WAITER, Script
+from ._redis_scripts_shared import INSPECT_SHARED
 
 if TYPE_CHECKING:
     from .redis import RedisBackend

@@ -47,7 +47,8 @@ from ._redis_errors import CONNECTING, redis_error
 from ._redis_handoff import LOCAL_HANDOFF_S, LOCAL_HANDOFFS, Streak
 from ._redis_options import resolve
 from ._redis_pubsub import Signals
-from ._redis_scripts import ACQUIRE_SHARED, RELEASE_SHARED, RENEW, SCRIPTS, Script
+from ._redis_scripts import ACQUIRE, INSPECT, RELEASE, RENEW, Script
+from ._redis_scripts_shared import ACQUIRE_SHARED, INSPECT_SHARED, RELEASE_SHARED
 from ._resp import RespClient, ResponseError
 
 __all__ = ["LOCAL_HANDOFFS", "LOCAL_HANDOFF_S", "RedisBackend", "redis_key_part",
@@ -56,6 +57,8 @@ __all__ = ["LOCAL_HANDOFFS", "LOCAL_HANDOFF_S", "RedisBackend", "redis_key_part"
 log = logging.getLogger("aiolock.backends.redis")
 
 #: How long an abandoned claim stays barred from a late grant (ms), at least.
+#: every script of the backend, loaded at connect (SCRIPT LOAD)
+SCRIPTS = (ACQUIRE, RELEASE, RENEW, INSPECT, ACQUIRE_SHARED, RELEASE_SHARED, INSPECT_SHARED)
 TOMBSTONE_MS = 60_000
 #: How long a release through a redis-py client stays recognisable to its own resend (ms).
 RELEASED_MARK_MS = 60_000

@@ -82,7 +82,8 @@ from ..errors import BackendUnavailable
 from ._redis_errors import redis_error
 from ._redis_options import check_names, connection_options, query_options, refuse_blank
 from ._redis_pubsub import Signals
-from ._redis_scripts import ACQUIRE, ACQUIRE_SHARED, RENEW, Script
+from ._redis_scripts import ACQUIRE, RENEW, Script
+from ._redis_scripts_shared import ACQUIRE_SHARED
 from ._redis_urls import OWN, split_hosts_url
 from .redis import RedisBackend
 
