@@ -10,6 +10,7 @@ import pytest
 
 from aiolock import Capability
 
+from .._children import known_defects
 from ..conftest import backend_fixtures
 from ..scenarios import Scenario, params
 
@@ -82,12 +83,7 @@ def _backend(item: pytest.Item) -> str | None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "adversarial_issue12" not in str(item.path):
-            continue
-        reason = KNOWN_DEFECTS.get(item.name)
-        if reason is not None:
-            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+    for item in known_defects(items, "adversarial_issue12", KNOWN_DEFECTS):
         keep = KEEP.get(item.name.partition("[")[0])
         backend = _backend(item)
         if not _ALL and keep is not None and backend is not None and backend not in keep:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from .._children import known_defects
 from ..conftest import session_server
 from ..servers import RedisServer
 
@@ -198,9 +199,5 @@ KNOWN_DEFECTS: dict[str, str] = {
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "adversarial_issue13" not in str(item.path):
-            continue
-        reason = KNOWN_DEFECTS.get(item.name)
-        if reason is not None:
-            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+    for _ in known_defects(items, "adversarial_issue13", KNOWN_DEFECTS):
+        pass

@@ -8,21 +8,17 @@ Keys are inspected with ``etcdctl`` and request counts read from etcd's own ``/m
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import json
-import os
-import sys
-import time
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from .._children import Child as _Child
+from .._children import children, known_defects, since  # noqa: F401 -- children: a fixture
 from ..etcd_server import EtcdServer
 
 #: a password no error, log line or repr may show
@@ -68,8 +64,10 @@ def keys(server: EtcdServer, prefix: str) -> list[Kv]:
 
 
 def claim_keys(server: EtcdServer, prefix: str) -> list[Kv]:
-    """The keys attached to an etcd lease (claims: holders and waiters)."""
-    return [k for k in keys(server, prefix) if k.lease]
+    """The keys attached to an etcd lease (claims: holders and waiters). The abandon
+    tombstones ``<prefix>/gone/<claim id>`` (docs/backends/etcd.md: a cancelled acquire's
+    late put is barred by one; they go with their shared lease) are not claims."""
+    return [k for k in keys(server, prefix) if k.lease and f"{prefix}/gone/" not in k.key]
 
 
 def grpc_counts(server: EtcdServer) -> dict[str, float]:
@@ -90,62 +88,12 @@ def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
             if after.get(m, 0.0) != before.get(m, 0.0)}
 
 
-class Child:
+class Child(_Child):
     """A child Python process running ``code`` (aiolock importable); reads its stdout."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
 
     @classmethod
     async def start(cls, code: str, *args: str) -> Child:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", code, *args, env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        return cls(proc)
-
-    async def line(self, within: float = 20.0) -> str:
-        assert self.proc.stdout is not None
-        try:
-            raw = await asyncio.wait_for(self.proc.stdout.readline(), within)
-        except TimeoutError:
-            raise AssertionError(f"child said nothing within {within}s") from None
-        if not raw:
-            err = b""
-            if self.proc.stderr is not None:
-                err = await self.proc.stderr.read()
-            raise AssertionError(f"child ended: {err.decode(errors='replace')[-2000:]}")
-        return raw.decode().strip()
-
-    async def expect(self, prefix: str, within: float = 20.0) -> str:
-        while True:
-            got = await self.line(within)
-            if got.startswith(prefix):
-                return got
-
-    def signal(self, sig: int) -> None:
-        os.kill(self.proc.pid, sig)
-
-    async def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
-
-
-@pytest.fixture
-async def children() -> AsyncIterator[list[Child]]:
-    """Children started by a test; every one still running is killed at its end."""
-    started: list[Child] = []
-    yield started
-    for child in started:
-        if child.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                child.signal(18)  # SIGCONT, in case it was stopped
-        await child.kill()
-
-
-def since(start: float) -> float:
-    return time.monotonic() - start
+        return await cls.run("-c", code, *args)
 
 
 # Defects these tests found that are still open: test id (as pytest shows it, without the
@@ -170,11 +118,6 @@ SLOW_IDS = {
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "adversarial_issue14" not in str(item.path):
-            continue
-        reason = KNOWN_DEFECTS.get(item.name)
-        if reason is not None:
-            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+    for item in known_defects(items, "adversarial_issue14", KNOWN_DEFECTS):
         if item.name in SLOW_IDS:
             item.add_marker(pytest.mark.slow)

@@ -9,15 +9,13 @@ the script commands renamed away, and the session's MariaDB (``tests/conftest.py
 
 from __future__ import annotations
 
-import asyncio
-import os
-import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from .._children import Child as _Child
+from .._children import children, known_defects, since  # noqa: F401 -- children: a fixture
 from ..adversarial.servers import PasswordRedis
 from ..conftest import session_server
 
@@ -104,63 +102,12 @@ PROCS = Path(__file__).parent / "procs"
 ROOT = Path(__file__).parents[2]
 
 
-class Child:
+class Child(_Child):
     """A child Python process running ``procs/<script>.py``; reads its stdout lines."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
 
     @classmethod
     async def start(cls, script: str, *args: str) -> Child:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(PROCS / f"{script}.py"), *args, env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        return cls(proc)
-
-    async def line(self, within: float = 15.0) -> str:
-        assert self.proc.stdout is not None
-        try:
-            raw = await asyncio.wait_for(self.proc.stdout.readline(), within)
-        except TimeoutError:
-            raise AssertionError(f"child said nothing within {within}s") from None
-        if not raw:
-            err = b""
-            if self.proc.stderr is not None:
-                err = await self.proc.stderr.read()
-            raise AssertionError(f"child ended: {err.decode(errors='replace')[-2000:]}")
-        return raw.decode().strip()
-
-    async def expect(self, prefix: str, within: float = 15.0) -> str:
-        while True:
-            got = await self.line(within)
-            if got.startswith(prefix):
-                return got
-
-    def signal(self, sig: int) -> None:
-        os.kill(self.proc.pid, sig)
-
-    async def finish(self, within: float = 30.0) -> tuple[str, str]:
-        out, err = await asyncio.wait_for(self.proc.communicate(), within)
-        return out.decode(), err.decode()
-
-    async def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
-
-
-@pytest.fixture
-async def children() -> AsyncIterator[list[Child]]:
-    """Children started by a test; every one still running is killed at its end."""
-    started: list[Child] = []
-    yield started
-    for child in started:
-        await child.kill()
-
-
-def since(start: float) -> float:
-    return time.monotonic() - start
+        return await cls.run(str(PROCS / f"{script}.py"), *args)
 
 
 # Defects these tests found that are still open: test id (as pytest shows it, without the
@@ -201,12 +148,7 @@ SLOW_IDS = {
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "adversarial_issue15" not in str(item.path):
-            continue
-        reason = KNOWN_DEFECTS.get(item.name)
-        if reason is not None:
-            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+    for item in known_defects(items, "adversarial_issue15", KNOWN_DEFECTS):
         base, _, params = item.name.partition("[")
         if (base in SLOW_OFF and params.startswith("off")) or item.name in SLOW_IDS:
             item.add_marker(pytest.mark.slow)

@@ -1,0 +1,92 @@
+"""Child Python processes that a test talks to over their stdout lines (the adversarial
+suites' workers), the ``children`` fixture that kills what a test left running, and the
+known-defect marking the adversarial suites share."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Child:
+    """A child Python process (``python ARGV...``, aiolock importable); reads its stdout."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def run(cls, *argv: str) -> Child:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, *argv, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        return cls(proc)
+
+    async def line(self, within: float = 20.0) -> str:
+        assert self.proc.stdout is not None
+        try:
+            raw = await asyncio.wait_for(self.proc.stdout.readline(), within)
+        except TimeoutError:
+            raise AssertionError(f"child said nothing within {within}s") from None
+        if not raw:
+            err = b""
+            if self.proc.stderr is not None:
+                err = await self.proc.stderr.read()
+            raise AssertionError(f"child ended: {err.decode(errors='replace')[-2000:]}")
+        return raw.decode().strip()
+
+    async def expect(self, prefix: str, within: float = 20.0) -> str:
+        while True:
+            got = await self.line(within)
+            if got.startswith(prefix):
+                return got
+
+    async def finish(self, within: float = 30.0) -> tuple[str, str]:
+        out, err = await asyncio.wait_for(self.proc.communicate(), within)
+        return out.decode(), err.decode()
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.signal(signal.SIGCONT)  # in case it was stopped
+            self.proc.kill()
+            await self.proc.wait()
+
+
+@pytest.fixture
+async def children() -> AsyncIterator[list[Child]]:
+    """Children started by a test; every one still running is killed at its end."""
+    started: list[Child] = []
+    yield started
+    for child in started:
+        await child.kill()
+
+
+def since(start: float) -> float:
+    return time.monotonic() - start
+
+
+def known_defects(items: list[pytest.Item], folder: str,
+                  known: Mapping[str, str]) -> Iterator[pytest.Item]:
+    """The collected ``items`` under ``folder``, each whose id is in ``known`` (test id ->
+    one-line symptom) marked xfail(strict=True): the suite stays green, the defect
+    visible, and its fix turns the entry into an error to delete."""
+    for item in items:
+        if folder in str(item.path):
+            reason = known.get(item.name)
+            if reason is not None:
+                item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+            yield item
