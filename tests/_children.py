@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,3 +92,27 @@ def known_defects(items: list[pytest.Item], folder: str,
             if reason is not None:
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
             yield item
+
+
+async def exclusion_run(conns: list[Any], name: str, *, tasks: int, ttl: float,
+                        seconds: float = 1.0, pause: float = 0.003) -> tuple[int, list[int]]:
+    """``tasks`` tasks spread over ``conns`` (``aiolock.Locks``) loop ``async with
+    lock(name)`` for ``seconds``, each holding for up to ``pause`` s: the overlaps seen
+    (more than one inside at once) and the tokens in grant order."""
+    inside = overlaps = 0
+    order: list[int] = []
+    end = time.monotonic() + seconds
+
+    async def worker(locks: Any) -> None:
+        nonlocal inside, overlaps
+        lock = locks.lock(name, ttl=ttl)
+        while time.monotonic() < end:
+            async with lock as lease:
+                inside += 1
+                overlaps += inside != 1
+                order.append(lease.token)
+                await asyncio.sleep(random.random() * pause)
+                inside -= 1
+
+    await asyncio.gather(*(worker(conns[i % len(conns)]) for i in range(tasks)))
+    return overlaps, order

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import itertools
 import math
-import random
 import signal
 import time
 import uuid
@@ -18,6 +17,7 @@ import pytest
 import aiolock
 from aiolock import Capability
 
+from .._children import exclusion_run
 from ..conftest import acquire_cancelled_after
 from .conftest import Child
 
@@ -131,24 +131,8 @@ async def test_two_modes_keep_their_own_holder_records(mysql_server: Any, name: 
 
 
 async def test_mutual_exclusion_and_tokens_many_tasks(url: str, name: str) -> None:
-    inside = 0
-    overlaps = 0
-    order: list[int] = []
-    end = time.monotonic() + 1.0
-
-    async def worker(locks: aiolock.Locks) -> None:
-        nonlocal inside, overlaps
-        lock = locks.lock(name, ttl=5)
-        while time.monotonic() < end:
-            async with lock as lease:
-                inside += 1
-                overlaps += inside != 1
-                order.append(lease.token)
-                await asyncio.sleep(random.random() * 0.003)
-                inside -= 1
-
     async with aiolock.connect(url) as a, aiolock.connect(url) as b, aiolock.connect(url) as c:
-        await asyncio.gather(*(worker((a, b, c)[i % 3]) for i in range(12)))
+        overlaps, order = await exclusion_run([a, b, c], name, tasks=12, ttl=5)
     assert overlaps == 0
     assert len(order) > 10
     assert all(x < y for x, y in itertools.pairwise(order)), order

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import random
 import signal
 import time
 import uuid
@@ -19,6 +18,7 @@ import pytest
 import aiolock
 from aiolock import Capability
 
+from .._children import exclusion_run
 from ..conftest import acquire_cancelled_after
 from .conftest import SECRET, Child, lock_key, user_url
 
@@ -231,26 +231,9 @@ async def test_mutual_exclusion_and_tokens_many_tasks_both_paths(lua_url: str, a
                                                                  off_url: str, name: str) -> None:
     """Tasks on a Lua client, an auto (noscript) client and an off client, one name:
     never two inside, tokens strictly increasing in grant order."""
-    inside = 0
-    order: list[int] = []
-    overlaps = 0
-    end = time.monotonic() + 1.0
-
-    async def worker(locks: aiolock.Locks) -> None:
-        nonlocal inside, overlaps
-        lock = locks.lock(name, ttl=3)
-        while time.monotonic() < end:
-            async with lock as lease:
-                inside += 1
-                if inside != 1:
-                    overlaps += 1
-                order.append(lease.token)
-                await asyncio.sleep(random.random() * 0.002)
-                inside -= 1
-
     async with aiolock.connect(lua_url) as a, aiolock.connect(auto_url) as b, \
             aiolock.connect(off_url) as c, aiolock.connect(auto_url) as d:
-        await asyncio.gather(*(worker((a, b, c, d)[i % 4]) for i in range(16)))
+        overlaps, order = await exclusion_run([a, b, c, d], name, tasks=16, ttl=3, pause=0.002)
     assert overlaps == 0
     assert len(order) > 20
     assert all(x < y for x, y in itertools.pairwise(order)), order
