@@ -136,6 +136,13 @@ def backend_fixtures(row: str, url: str, conn: str, rows: list[Any], doc: str) -
     return rows_fixture(row, rows, doc), url_fixture(url, row), locks_fixture(conn, url)
 
 
+def capability_fixtures(row: str, url: str, conn: str, capability: Capability) -> tuple[Any, Any, Any]:
+    """:func:`backend_fixtures` over each backend (one topology each) whose class declares
+    ``capability``."""
+    return backend_fixtures(row, url, conn, params(capability, topologies=False),
+                            f"Backends declaring {capability.name}.")
+
+
 scenario, backend_url, locks = backend_fixtures(
     "scenario", "backend_url", "locks", params(), "One row of the backend table (tests/scenarios.py).")
 

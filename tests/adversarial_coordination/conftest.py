@@ -9,7 +9,7 @@ import pytest
 
 from aiolock import Capability
 
-from ..conftest import backend_fixtures, rows_fixture, url_fixture
+from ..conftest import capability_fixtures, rows_fixture, url_fixture
 from ..pg_server import PostgresServer
 from ..scenarios import params
 
@@ -20,12 +20,11 @@ def pg_url(postgres_server: PostgresServer) -> str:
 
 
 # each backend once (not again on another topology), chosen by what its class declares
-coord_scenario, coord_url, coord = backend_fixtures(
-    "coord_scenario", "coord_url", "coord", params(Capability.HOLDERS, topologies=False),
-    "Backends that declare HOLDERS (the tests check the other capabilities).")
-elect_scenario, elect_url, elocks = backend_fixtures(
-    "elect_scenario", "elect_url", "elocks", params(Capability.ELECTION, topologies=False),
-    "Backends that declare ELECTION.")
+# (HOLDERS: the tests check the other capabilities)
+coord_scenario, coord_url, coord = capability_fixtures("coord_scenario", "coord_url", "coord",
+                                                       Capability.HOLDERS)
+elect_scenario, elect_url, elocks = capability_fixtures("elect_scenario", "elect_url", "elocks",
+                                                        Capability.ELECTION)
 shared_scenario = rows_fixture(
     "shared_scenario", params(Capability.ELECTION, Capability.DISTRIBUTED, topologies=False),
     "A server-backed ELECTION backend, shared across processes.")

@@ -11,21 +11,16 @@ import pytest
 from aiolock import Capability
 
 from .._children import known_defects
-from ..conftest import backend_fixtures
-from ..scenarios import Scenario, params
+from ..conftest import capability_fixtures
+from ..scenarios import Scenario
 
-holders_row, holders_url, hlocks = backend_fixtures(
-    "holders_row", "holders_url", "hlocks", params(Capability.HOLDERS, topologies=False),
-    "Backends declaring HOLDERS.")
-revoke_row, revoke_url, rlocks = backend_fixtures(
-    "revoke_row", "revoke_url", "rlocks", params(Capability.REVOKE, topologies=False),
-    "Backends declaring REVOKE.")
-scan_row, scan_url, slocks = backend_fixtures(
-    "scan_row", "scan_url", "slocks", params(Capability.SCAN, topologies=False),
-    "Backends declaring SCAN.")
-elect_row, elect_url, elocks = backend_fixtures(
-    "elect_row", "elect_url", "elocks", params(Capability.ELECTION, topologies=False),
-    "Backends declaring ELECTION.")
+holders_row, holders_url, hlocks = capability_fixtures("holders_row", "holders_url", "hlocks",
+                                                       Capability.HOLDERS)
+revoke_row, revoke_url, rlocks = capability_fixtures("revoke_row", "revoke_url", "rlocks",
+                                                     Capability.REVOKE)
+scan_row, scan_url, slocks = capability_fixtures("scan_row", "scan_url", "slocks", Capability.SCAN)
+elect_row, elect_url, elocks = capability_fixtures("elect_row", "elect_url", "elocks",
+                                                   Capability.ELECTION)
 
 
 # Defects these tests found that are still open: test id (as pytest shows it, without the
