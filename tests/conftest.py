@@ -9,6 +9,7 @@ per backend; a test needing a capability the backend lacks skips itself with a r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -153,18 +154,34 @@ def name() -> str:
     return f"t-{uuid.uuid4().hex}"
 
 
-async def acquire_cancelled_after(lock: aiolock.Lock, steps: int) -> None:
-    """Start ``lock.acquire()``, cancel it after ``steps`` loop steps, and release the
-    lease if the acquire finished first: whatever step it lands on, nothing may leak."""
-    task = asyncio.create_task(lock.acquire())
+async def acquire_cancelled_after(lock: aiolock.Lock, steps: int, *, timeout: float | None = None,
+                                  release: bool = True) -> aiolock.Lease | None:
+    """Start ``lock.acquire(timeout)``, cancel it after ``steps`` loop steps: whatever step
+    it lands on, nothing may leak. If the acquire finished first, its lease is released
+    (``release``) or returned (else None)."""
+    task = asyncio.create_task(lock.acquire(timeout=timeout))
     for _ in range(steps):
         await asyncio.sleep(0)
     task.cancel()
     try:
         lease = await task
     except asyncio.CancelledError:
-        return
+        return None
+    if not release:
+        return lease
     await lease.release()
+    return None
+
+
+async def release_cancelled_after(lease: aiolock.Lease, steps: int) -> None:
+    """Start ``lease.release()`` and cancel it after ``steps`` loop steps (a release
+    cancelled at any point must leave nothing held)."""
+    task = asyncio.create_task(lease.release())
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def need(locks: aiolock.Locks, capability: Capability) -> None:

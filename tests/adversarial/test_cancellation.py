@@ -7,7 +7,6 @@ LockLost."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import time
@@ -19,7 +18,7 @@ import pytest
 
 import aiolock
 
-from ..conftest import rows_fixture, url_fixture
+from ..conftest import release_cancelled_after, rows_fixture, url_fixture
 from ..scenarios import params_of
 from .conftest import cancelled_outcome, ended
 
@@ -92,12 +91,7 @@ async def test_random_cancellation_never_leaks(pair: tuple[aiolock.Locks, aioloc
         lease = await cancelled_outcome(task, 10, f"seed {SEED} round {i}")
         if lease is not None:
             # cancel the release at a random point too; a second release is safe
-            rel = asyncio.create_task(lease.release())
-            for _ in range(rng.randrange(0, 6)):
-                await asyncio.sleep(0)
-            rel.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await rel
+            await release_cancelled_after(lease, rng.randrange(0, 6))
             await lease.release()
         if releaser is not None:
             await releaser

@@ -14,6 +14,7 @@ import pytest
 
 import aiolock
 
+from ..conftest import acquire_cancelled_after, release_cancelled_after
 from .conftest import Target, claim_keys, delta, grpc_counts
 
 
@@ -160,20 +161,10 @@ async def test_cancellation_at_random_points_leaves_no_key(etcd: Target, held: b
         holder = await a.lock("cx", ttl=10).acquire() if held else None
         lock = b.lock("cx", ttl=10)
         for steps in [*range(0, 25), *(rng.randrange(25, 200) for _ in range(10))]:
-            task = asyncio.create_task(lock.acquire(timeout=None if held else 5))
-            for _ in range(steps):
-                await asyncio.sleep(0)
-            task.cancel()
-            try:
-                lease = await task
-            except asyncio.CancelledError:
-                continue
-            rel = asyncio.create_task(lease.release())
-            for _ in range(rng.randrange(0, 8)):
-                await asyncio.sleep(0)
-            rel.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await rel
+            lease = await acquire_cancelled_after(lock, steps, timeout=None if held else 5,
+                                                  release=False)
+            if lease is not None:
+                await release_cancelled_after(lease, rng.randrange(0, 8))
         await asyncio.sleep(0.3)
         left = claim_keys(etcd.server, etcd.prefix)
         expect = 1 if held else 0
