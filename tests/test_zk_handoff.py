@@ -52,13 +52,19 @@ async def test_the_next_in_line_holds_without_a_listing(url: str) -> None:
         await lease.release()
 
 
+async def _in_line(a: aiolock.Locks, b: aiolock.Locks, c: aiolock.Locks) -> tuple[
+        aiolock.Lease, asyncio.Task[aiolock.Lease], asyncio.Task[aiolock.Lease]]:
+    """``a`` holds "n"; ``b`` waits for it, giving up after 0.6 s; then ``c`` waits."""
+    held = await a.lock("n", ttl=5).acquire()
+    quitter = asyncio.create_task(b.lock("n", ttl=5).acquire(timeout=0.6))
+    await asyncio.sleep(0.2)
+    return held, quitter, asyncio.create_task(c.lock("n", ttl=5).acquire(timeout=5))
+
+
 async def test_a_predecessor_giving_up_grants_nothing(url: str) -> None:
     async with (aiolock.connect(url) as a, aiolock.connect(url) as b,
                 aiolock.connect(url) as c):
-        held = await a.lock("n", ttl=5).acquire()
-        quitter = asyncio.create_task(b.lock("n", ttl=5).acquire(timeout=0.6))
-        await asyncio.sleep(0.2)
-        last = asyncio.create_task(c.lock("n", ttl=5).acquire(timeout=5))
+        held, quitter, last = await _in_line(a, b, c)
         with pytest.raises(aiolock.LockTimeout):
             await quitter  # its node, just before c's, is deleted
         await asyncio.sleep(0.3)
@@ -75,10 +81,7 @@ async def test_a_woken_waiter_lists_as_the_event_is_read(url: str) -> None:
     look needs is sent right then; the look uses it (no second listing)."""
     async with (aiolock.connect(url) as a, aiolock.connect(url) as b,
                 aiolock.connect(url) as c):
-        held = await a.lock("n", ttl=5).acquire()
-        quitter = asyncio.create_task(b.lock("n", ttl=5).acquire(timeout=0.6))
-        await asyncio.sleep(0.2)
-        last = asyncio.create_task(c.lock("n", ttl=5).acquire(timeout=5))
+        held, quitter, last = await _in_line(a, b, c)
         await asyncio.sleep(0.2)
         backend = c.backend
         assert isinstance(backend, ZooKeeperBackend) and backend._repair is not None
