@@ -15,13 +15,13 @@ from .abc import Backend
 
 __all__ = ["SCHEMES", "connect"]
 
-#: Each backend class: its URL schemes, ``module.Class`` under ``aiolock.backends``, and
-#: the pip extra its client library comes with (None: no dependency).
 #: ``user:password@`` in something that is not quite a URL (``redis//u:pw@host``): masked
 _USERINFO = re.compile(r"([^/:@]*:)[^@/]*@")
 
 _TIMEOUTS = ("connect_timeout", "request_timeout")
 
+#: Each backend class: its URL schemes, ``module.Class`` under ``aiolock.backends``, and
+#: the pip extra its client library comes with (None: no dependency).
 _BACKENDS: tuple[tuple[tuple[str, ...], str, str | None], ...] = (
     (("memory",), "memory.MemoryBackend", None),
     (("redis", "rediss", "unix"), "redis.RedisBackend", "redis"),

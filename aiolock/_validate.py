@@ -78,11 +78,9 @@ def check_limit(limit: object) -> int:
 
 
 def check_timeouts(**values: object) -> None:
-    """ValueError unless each value is a finite number of seconds > 0."""
+    """ValueError unless each value is a finite number of seconds > 0 (:func:`check_seconds`)."""
     for what, value in values.items():
-        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
-                or not math.isfinite(value)):
-            raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}")
+        check_seconds(what, value, allow_none=False, allow_zero=False)
 
 
 def parse_hosts(url: str, netloc: str, default_port: int, expected: str) -> list[tuple[str, int]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from ..._validate import check_seconds, query_pairs
+from ..._validate import check_timeouts, query_pairs
 from ...errors import AccessDenied, BackendUnavailable, LockError
 from ._wire import grpc, hostport, open_channel, parse_hosts, pb
 
@@ -102,8 +102,7 @@ class Connection:
         connect_timeout: float, request_timeout: float, prefix: str,
     ) -> None:
         self.hosts = parse_hosts(hosts)
-        for what, value in (("connect_timeout", connect_timeout), ("request_timeout", request_timeout)):
-            check_seconds(what, value, allow_none=False, allow_zero=False)  # finite, > 0
+        check_timeouts(connect_timeout=connect_timeout, request_timeout=request_timeout)
         for what, given in (("username", username), ("password", password), ("ca_file", ca_file),
                             ("cert_file", cert_file), ("key_file", key_file),
                             ("server_name", server_name)):
