@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+import aiolock
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -116,3 +118,18 @@ async def exclusion_run(conns: list[Any], name: str, *, tasks: int, ttl: float,
 
     await asyncio.gather(*(worker(conns[i % len(conns)]) for i in range(tasks)))
     return overlaps, order
+
+
+async def held_for(locks: Any, other: Any, name: str, *, ttl: float, seconds: float,
+                   step: float) -> Any:
+    """Hold ``name`` on ``locks`` for ``seconds`` (several ``ttl``s), checking every ``step``
+    that the lease is not lost and that ``other`` cannot take it; the lease, still held."""
+    async with locks.lock(name, ttl=ttl) as lease:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            assert not lease.lost
+            with pytest.raises(aiolock.LockTimeout):
+                await other.lock(name, ttl=1).acquire(timeout=0)
+            await asyncio.sleep(step)
+        assert lease.expires_in > 0
+    return lease

@@ -17,7 +17,7 @@ import pytest
 import aiolock
 from aiolock import Capability
 
-from .._children import exclusion_run
+from .._children import exclusion_run, held_for
 from ..conftest import acquire_cancelled_after
 from .conftest import Child
 
@@ -269,14 +269,8 @@ async def test_killed_holder_process_frees_at_once(url: str, children: list[Chil
 
 
 async def test_watchdog_keeps_lease_several_ttls(url: str, name: str) -> None:
-    async with aiolock.connect(url) as locks, aiolock.connect(url) as other, \
-            locks.lock(name, ttl=0.6) as lease:
-        end = time.monotonic() + 1.6
-        while time.monotonic() < end:
-            assert not lease.lost
-            with pytest.raises(aiolock.LockTimeout):
-                await other.lock(name, ttl=1).acquire(timeout=0)
-            await asyncio.sleep(0.2)
+    async with aiolock.connect(url) as locks, aiolock.connect(url) as other:
+        await held_for(locks, other, name, ttl=0.6, seconds=1.6, step=0.2)
 
 
 # -- waiting, trying, cancelling ---------------------------------------------------------
