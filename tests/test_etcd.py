@@ -619,3 +619,32 @@ async def _expired_lease_backlog(backend: EtcdBackend, count: int) -> None:
         await asyncio.gather(*(
             backend._unary("Lease", "LeaseGrant", pb.LeaseGrantRequest(TTL=1, ID=base + j), "a grant")
             for j in range(i, min(count, i + 500))))
+
+
+# -- waiting: watches start at the server's revision ----------------------------------------
+
+
+async def test_a_key_gone_before_its_watch_is_confirmed_still_wakes(url: str) -> None:
+    """A waiter's watch starts at the server's current revision (a watch from an older
+    revision, or one a write races, is caught up by etcd only every 100 ms); a deletion
+    that falls between the claim's listing and the watch's confirmation is found by a
+    read and wakes the waiter at once, not at its next re-check."""
+    from aiolock._waiter import LocalWaiter
+    from aiolock.abc import Claim, Kind
+    from aiolock.backends.etcd._wire import pb
+
+    async with aiolock.connect(url) as locks:
+        backend = locks.backend
+        assert isinstance(backend, EtcdBackend)
+        key = (url.partition("prefix=")[2] + "/probe").encode()
+        await backend._unary("KV", "Put", pb.PutRequest(key=key), "a write")  # (the listing)
+        await backend._unary("KV", "DeleteRange", pb.DeleteRangeRequest(key=key), "a write")
+        claim = Claim("probe", Kind.LOCK, uuid.uuid4().hex, 5000)
+        waiter = LocalWaiter(claim)
+        await backend.listen("probe", Kind.LOCK, waiter)
+        backend._watches.watch(claim, {key})
+        started = time.monotonic()
+        await waiter.wait(5.0)
+        assert time.monotonic() - started < 1.0  # woken, not timed out
+        backend.unlisten("probe", Kind.LOCK, waiter)
+

@@ -167,7 +167,7 @@ class EtcdBackend(Operators, Backend):
         if any(e.owner == claim.owner for e in recipe.holders(entries, claim.limit)):
             return await self._granted(claim, st, started)
         targets = {e.key for e in recipe.watch_targets(entries, index, claim)}
-        self._watches.watch(claim, targets, int(reply.header.revision) + 1)
+        self._watches.watch(claim, targets)
         return await self._queued(claim, st)
 
     async def _adopt(self, claim: Claim, st: ClaimState, me: Entry) -> bool:

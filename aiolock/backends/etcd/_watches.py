@@ -32,6 +32,15 @@ class Watches:
         self.stream: Stream | None = None
         self._ids = itertools.count(1)
         self._owner: dict[int, str] = {}  # watch id -> owner of the claim it wakes
+        #: a claim's key watch not yet confirmed -> its key. A watch starts at the
+        #: server's revision as the server takes the request; etcd (3.4, 3.5) reads that
+        #: revision before it registers the watch, so a write in between leaves the watch
+        #: "unsynced", and etcd catches those up only every 100 ms: a release in that
+        #: window would reach its waiter up to 100 ms late. So once the server confirms
+        #: the watch, the key is read once more: gone, the watch fires at once. (It also
+        #: covers a deletion between the claim's listing and the watch.)
+        #: Invariant: keys of ``_unconfirmed`` are keys of ``_owner``.
+        self._unconfirmed: dict[int, bytes] = {}
         #: watch id -> (listener, family prefix): an election's listeners watch every change
         #: of the family (a new leader, a proclaim, a release), for as long as they listen
         self._families: dict[int, tuple[Waiter, bytes]] = {}
@@ -61,6 +70,9 @@ class Watches:
             created = self._created.pop(watch_id, None)
             if created is not None and not created.done():
                 created.set_result(None)
+            key = self._unconfirmed.pop(watch_id, None)
+            if key is not None:
+                self._conn.spawn(self._recheck(watch_id, key))
         changed = bool(response.events or response.canceled or response.compact_revision)
         family = self._families.get(watch_id)
         if family is not None:
@@ -73,6 +85,7 @@ class Watches:
 
     def _fire(self, watch_id: int) -> None:
         owner = self._owner.pop(watch_id, None)
+        self._unconfirmed.pop(watch_id, None)
         if owner is None:
             return
         self._send(pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=watch_id)))
@@ -80,12 +93,24 @@ class Watches:
         if waiter is not None:
             waiter.wake()
 
+    async def _recheck(self, watch_id: int, key: bytes) -> None:
+        """Fire the watch ``watch_id`` if ``key`` is gone now (or cannot be read)."""
+        try:
+            reply = await self._conn.unary("KV", "Range", pb.RangeRequest(key=key, count_only=True),
+                                           "a watch")
+        except Exception:  # (the claim looks again, and meets the error)
+            self._fire(watch_id)
+            return
+        if not reply.count:
+            self._fire(watch_id)
+
     def _ended(self, stream: Stream, error: BaseException | None) -> None:
         self._conn.note_stream_end(error)
         if self.stream is stream:
             self.stream = None
         self.epoch += 1
         self._owner.clear()
+        self._unconfirmed.clear()
         for created in self._created.values():
             if not created.done():
                 created.set_result(None)
@@ -108,8 +133,9 @@ class Watches:
 
     # -- a waiting claim's key watches ----------------------------------------------------
 
-    def watch(self, claim: Claim, keys: set[bytes], start: int) -> None:
-        """Make ``keys`` the set whose deletion (after revision ``start``) wakes ``claim``."""
+    def watch(self, claim: Claim, keys: set[bytes]) -> None:
+        """Make ``keys`` (which the claim's listing saw) the set whose deletion wakes
+        ``claim``."""
         current = state(claim).watch
         for key, watch_id in list(current.items()):
             if key not in keys or watch_id not in self._owner:
@@ -123,14 +149,16 @@ class Watches:
             watch_id = next(self._ids)
             self._owner[watch_id] = claim.owner
             current[key] = watch_id
+            self._unconfirmed[watch_id] = key
             stream.send(pb.WatchRequest(create_request=pb.WatchCreateRequest(
-                key=key, start_revision=start, filters=[NOPUT], watch_id=watch_id)))
+                key=key, filters=[NOPUT], watch_id=watch_id)))
 
     def watching(self, st: ClaimState) -> bool:
         """Every watch of this claim is still registered (none fired, no stream restart)."""
         return bool(st.watch) and all(w in self._owner for w in st.watch.values())
 
     def _cancel(self, watch_id: int) -> None:
+        self._unconfirmed.pop(watch_id, None)
         if self._owner.pop(watch_id, None) is not None:
             self._send(pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=watch_id)))
 
@@ -170,6 +198,7 @@ class Watches:
             await self.stream.aclose()
         self.waiters.clear()
         self._owner.clear()
+        self._unconfirmed.clear()
         self._families.clear()
         self._created.clear()
 
