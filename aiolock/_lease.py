@@ -81,13 +81,15 @@ class _Hold:
     def __init__(
         self, engine: _Engine, claim: Claim, token: int, expires_at: float,
         watchdog: bool, task: asyncio.Task[object] | None, granted_ms: int | None = None,
+        key: tuple[str, str] | None = None,
     ) -> None:
         if granted_ms is None:
             granted_ms = claim.ttl_ms
         assert task is None or claim.kind is not Kind.PERMIT, "a permit belongs to no task"
         self.engine = engine
         self.claim = claim
-        self.key = (claim.kind.family, claim.name)  # the engine's key of its name
+        # the engine's key of its name (the lock's own, when it gives it)
+        self.key = key if key is not None else (claim.kind.family, claim.name)
         self.token = token
         self.expires_at = expires_at
         # a third of the lease after the grant was asked for (the server may grant less
