@@ -61,10 +61,12 @@ class _Local:
     dead server fail together within one connect + request timeout, not one after another.
     """
 
-    __slots__ = ("failure", "failures", "head", "holds", "trying", "turn", "users")
+    __slots__ = ("_turn", "failure", "failures", "head", "holds", "trying", "users")
 
     def __init__(self) -> None:
-        self.turn = asyncio.Lock()  # FIFO: only the task holding it asks the server
+        # made on first use: an uncontended acquire never queues (and this state is made
+        # and dropped once per cycle)
+        self._turn: asyncio.Lock | None = None
         self.holds: set[_Hold] = set()
         # the waiter at the head of the local (non-fair) queue, the one asking the
         # server; a release in this process wakes it directly
@@ -75,12 +77,21 @@ class _Local:
         self.failure: BackendUnavailable | None = None
 
     @property
+    def turn(self) -> asyncio.Lock:
+        """FIFO: only the task holding it asks the server."""
+        turn = self._turn
+        if turn is None:
+            turn = self._turn = asyncio.Lock()
+        return turn
+
+    @property
     def holders(self) -> int:
         return len(self.holds)
 
     def idle(self, kind: Kind) -> bool:
         """Nobody here waits (and, for an exclusive lock, nobody here holds it)."""
-        if self.turn.locked() or self.trying:
+        turn = self._turn
+        if (turn is not None and turn.locked()) or self.trying:
             return False
         return not self.holds if kind in (Kind.LOCK, Kind.WRITE) else True
 
@@ -217,7 +228,7 @@ class _Engine:
         hold.done = True
         self.watchdog.untrack(hold)
         assert hold.lost_reason is None or not wake, "a lost hold wakes nobody: its give-back does"
-        key = (hold.claim.kind.family, hold.claim.name)
+        key = hold.key
         owned = self._owned.get(key)
         if owned is not None and hold.task is not None and owned.get(hold.task) is hold:
             del owned[hold.task]
@@ -227,7 +238,9 @@ class _Engine:
         if local is not None:
             local.holds.discard(hold)
             if wake:
-                self.wake_head(hold, woken)
+                head = local.head
+                if head is not None and head is not woken:  # as wake_head()
+                    head.wake()
             self.tidy(key)
 
     # -- releasing ------------------------------------------------------------------------
@@ -242,7 +255,7 @@ class _Engine:
 
     def wake_head(self, hold: _Hold, woken: object = None) -> object:
         """Wake the local waiter at the head of ``hold``'s queue, unless it is ``woken``."""
-        local = self._locals.get((hold.claim.kind.family, hold.claim.name))
+        local = self._locals.get(hold.key)
         head = local.head if local is not None else None
         if head is not None and head is not woken:
             head.wake()

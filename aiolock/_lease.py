@@ -65,6 +65,7 @@ class _Hold:
         "done",
         "engine",
         "expires_at",
+        "key",
         "lost_reason",
         "releasing",
         "renew_at",
@@ -80,12 +81,15 @@ class _Hold:
     def __init__(
         self, engine: _Engine, claim: Claim, token: int, expires_at: float,
         watchdog: bool, task: asyncio.Task[object] | None, granted_ms: int | None = None,
+        key: tuple[str, str] | None = None,
     ) -> None:
         if granted_ms is None:
             granted_ms = claim.ttl_ms
         assert task is None or claim.kind is not Kind.PERMIT, "a permit belongs to no task"
         self.engine = engine
         self.claim = claim
+        # the engine's key of its name (the lock's own, when it gives it)
+        self.key = key if key is not None else (claim.kind.family, claim.name)
         self.token = token
         self.expires_at = expires_at
         # a third of the lease after the grant was asked for (the server may grant less
@@ -142,15 +146,18 @@ class _Hold:
             self._notify()
 
     def _notify(self) -> None:
-        callbacks, self.callbacks = self.callbacks, []
+        callbacks = self.callbacks
+        if callbacks:  # (nothing to swap out, nor to allocate, on a plain release)
+            self.callbacks = []
         for callback in callbacks:
             try:
                 callback()
             except Exception:  # a user callback must not break the watchdog
                 log.exception("on_lost callback for %r failed", self.claim.name)
-        waiters, self.waiters = self.waiters, []
+        waiters = self.waiters
         if not waiters:
             return
+        self.waiters = []
         # wait_lost() returns one loop turn after the callbacks ran: the body's
         # cancellation (scheduled by its callback) reaches the body first. Python 3.11's
         # wait_for() drops a cancellation that comes once the awaited task is done, so a

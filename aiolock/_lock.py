@@ -29,8 +29,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import os
 import time
-import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
@@ -120,20 +120,30 @@ class Lock:
             if mine is not None:
                 return self._reenter(mine)
         claim = Claim(
-            self.name, self.kind, uuid.uuid4().hex, round(self.ttl * 1000), self.fair, self.limit,
+            # the owner id: 128 random bits in hex, as uuid4().hex without its costly UUID
+            self.name, self.kind, os.urandom(16).hex(), round(self.ttl * 1000), self.fair, self.limit,
             encode_holder(self.data, None if task is None else task.get_name()),
             waits=wait != 0,
         )
         deadline = None if wait is None else time.monotonic() + wait
         local = engine.local(self._key)
         local.users += 1
-        engine.acquiring(claim)
+        acquiring = engine._acquiring  # engine.acquiring() / acquired(), inline (hot path)
+        acquiring[claim] = None
         queued = False  # a busy attempt may have left the claim waiting on the server
         try:
             if not self.fair and local.idle(self.kind):
                 local.trying += 1
                 try:
-                    result, sent = await self._attempt(claim, deadline if wait else None, wait)
+                    if wait is None:  # _attempt() without a deadline, inline (hot path)
+                        sent = time.monotonic()
+                        try:
+                            result = await engine.backend.try_acquire(claim)
+                        except BaseException as exc:
+                            await self._drop(claim, exc)
+                            raise
+                    else:
+                        result, sent = await self._attempt(claim, deadline if wait else None, wait)
                 finally:
                     local.trying -= 1
                 if isinstance(result, Granted):
@@ -147,7 +157,7 @@ class Lock:
                 raise self._timeout_error(wait)  # held by another task here: no need to ask
             return await self._wait(claim, deadline, local, task, wait, queued)
         finally:
-            engine.acquired(claim)
+            acquiring.pop(claim, None)
             local.users -= 1
             engine.tidy(self._key)
 
@@ -213,7 +223,7 @@ class Lock:
             raise LockError(f"this connection to {self._engine.backend.url} was closed")
         hold = _Hold(
             self._engine, claim, granted.token, sent + granted.ttl_ms / 1000, self.watchdog,
-            task if self.kind is not Kind.PERMIT else None, granted.ttl_ms,
+            task if self.kind is not Kind.PERMIT else None, granted.ttl_ms, self._key,
         )
         self._engine.adopt(hold, self._key)
         lease = self._lease_class(hold)

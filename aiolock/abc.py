@@ -136,6 +136,11 @@ class Kind(enum.Enum):
     PERMIT = "permit"  #: one of ``limit`` semaphore permits
     LEADER = "leader"  #: the leadership of an election (exclusive)
 
+    # Kinds are dict keys and set members on every lock cycle: hash by identity (C, no
+    # Python frame) rather than Enum's ``hash(self._name_)``; members are singletons and
+    # compare by identity, so equal members still hash equal.
+    __hash__ = object.__hash__
+
     @property
     def family(self) -> str:
         """Claims of one family on one name contend with each other."""

@@ -27,7 +27,7 @@ import collections
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 __all__ = ["PipelinedClient", "PipelinedProtocol"]
@@ -47,7 +47,7 @@ class _Request:
     expected: int  # replies to collect
     fut: asyncio.Future[list[Any]]
     sent: float  # when written (monotonic)
-    replies: list[Any] = field(default_factory=list)
+    replies: list[Any] | None = None  # of several commands, those collected so far
     data: bytes = b""  # while queued, not yet written
 
 
@@ -77,19 +77,26 @@ class PipelinedProtocol(asyncio.Protocol):
         if not self._pending:
             raise ValueError(f"{self.peer} sent a reply nobody asked for")
         req = self._pending[0]
-        if isinstance(reply, BaseException) and req.expected == 1:
+        if req.expected == 1:
             self._pending.popleft()
-            if not req.fut.done():
-                req.fut.set_exception(reply)
+            fut = req.fut
+            if not fut.done():  # its caller was cancelled: drop the reply, stay in step
+                if isinstance(reply, BaseException):
+                    fut.set_exception(reply)
+                else:
+                    fut.set_result([reply])
         else:
             # in a request of several commands an error reply is one of its replies (its
             # caller looks at each): the replies after it still belong to this request
-            req.replies.append(reply)
-            if len(req.replies) < req.expected:
+            replies = req.replies
+            if replies is None:
+                replies = req.replies = []
+            replies.append(reply)
+            if len(replies) < req.expected:
                 return
             self._pending.popleft()
             if not req.fut.done():  # its caller was cancelled: drop the replies, stay in step
-                req.fut.set_result(req.replies)
+                req.fut.set_result(replies)
         if self._queued:
             self._write_queued()
 

@@ -54,7 +54,10 @@ class Streak:
 
 
 def _announce(claim: Claim) -> str:
-    return "1" if claim.kind is Kind.LEADER else "0"  # an election's observers
+    return "1" if claim.kind is _LEADER else "0"  # an election's observers
+
+
+_LEADER = Kind.LEADER
 
 
 async def try_lock(backend: RedisBackend, claim: Claim) -> Granted | Busy:
@@ -62,41 +65,47 @@ async def try_lock(backend: RedisBackend, claim: Claim) -> Granted | Busy:
     answer busy without asking while registered and subscribed, else run ACQUIRE."""
     state = claim.state
     signals = backend.signals
-    handoff = state.get("handoff")
-    if isinstance(handoff, asyncio.Future):  # a release of ours may hand it to us
-        await asyncio.shield(handoff)
-    token = state.pop("grant", None)
-    if (backend.trust_handoffs and isinstance(token, int)
-            and token > state.get("seen", 0)):  # type: ignore[operator]
-        sent = state["sent"]
-        assert isinstance(sent, float)
-        left = claim.ttl_ms - int((time.monotonic() - sent) * 1000)
-        if left > claim.ttl_ms // 2:  # else ask the server for the exact time left
-            signals.claims.pop(claim.owner, None)
-            return Granted(token, left)
-    fresh = state.pop("fresh", None)
-    if fresh is not None and signals.unbroken(backend.inbox, fresh):
-        due = state["due"]
-        assert isinstance(due, float)
-        if due - time.monotonic() > 0.001:
-            return Busy(due - time.monotonic())
-    keys = backend._keys(claim.name, claim.owner, claim.kind)
+    if state:  # (a first attempt has nothing there yet)
+        handoff = state.get("handoff")
+        if isinstance(handoff, asyncio.Future):  # a release of ours may hand it to us
+            await asyncio.shield(handoff)
+        token = state.pop("grant", None)
+        if (backend.trust_handoffs and isinstance(token, int)
+                and token > state.get("seen", 0)):  # type: ignore[operator]
+            sent = state["sent"]
+            assert isinstance(sent, float)
+            left = claim.ttl_ms - int((time.monotonic() - sent) * 1000)
+            if left > claim.ttl_ms // 2:  # else ask the server for the exact time left
+                signals.claims.pop(claim.owner, None)
+                return Granted(token, left)
+        fresh = state.pop("fresh", None)
+        if fresh is not None and signals.unbroken(backend.inbox, fresh):
+            due = state["due"]
+            assert isinstance(due, float)
+            if due - time.monotonic() > 0.001:
+                return Busy(due - time.monotonic())
+    owner = claim.owner
+    keys = backend._keys(claim.name, owner, claim.kind)
     waits = claim.waits and backend.handoffs
+    claims = signals.claims
     if waits:  # before sending: a grant may come before the reply
-        signals.claims[claim.owner] = claim
-    mark = signals.mark(backend.inbox)
+        claims[owner] = claim
+    inbox = backend.inbox
+    mark = signals.mark(inbox)
     sent = time.monotonic()
+    ttl_ms = claim.ttl_ms
     try:
         reply = await backend._run(
-            ACQUIRE, keys, claim.owner, claim.ttl_ms, "1" if claim.fair else "0",
-            claim.ttl_ms if waits else 0, backend.inbox, claim.info, _announce(claim),
+            ACQUIRE, keys, owner, ttl_ms, "1" if claim.fair else "0",
+            ttl_ms if waits else 0, inbox, claim.info, _announce(claim),
         )
     except BaseException:
-        signals.claims.pop(claim.owner, None)
+        claims.pop(owner, None)
         raise
     if reply[0] != 0:
-        signals.claims.pop(claim.owner, None)
-        state.pop("grant", None)
+        claims.pop(owner, None)
+        if state:
+            state.pop("grant", None)
         if reply[0] == -1:
             raise LockError(f"claim on {claim.name!r} was abandoned")
         return Granted(int(reply[1]), int(reply[2]))
@@ -108,12 +117,18 @@ async def try_lock(backend: RedisBackend, claim: Claim) -> Granted | Busy:
     return Busy(retry)
 
 
-def heir(backend: RedisBackend, claim: Claim, channel: str) -> tuple[Claim | None, list[Claim]]:
+def heir(
+    backend: RedisBackend, claim: Claim, channel: str,
+) -> tuple[Claim | None, Sequence[Claim]]:
     """Before a plain lock's release: the waiting claim of this process to hand it to
     (a local hand-off), if any and if the streak allows; and all local waiting claims."""
     if claim.fair:
         return None, []
     signals = backend.signals
+    if not signals.listening(channel):  # no local waiter: no hand-off, no streak
+        if backend._streaks:
+            backend._streaks.pop(channel, None)
+        return None, ()
     local = [w.claim for w in signals.waiting(channel)
              if not w.claim.fair and w.claim is not claim]
     streak = backend._streaks.get(channel)
@@ -136,7 +151,7 @@ async def release_lock(
 ) -> int:
     """Run RELEASE for a plain lock or a leadership, handing it to ``heir`` (a local
     hand-off) or the server's first live waiter; 1 if ``claim`` held it."""
-    sent = time.monotonic()
+    sent = time.monotonic() if heir is not None else 0.0  # (only a local hand-off uses it)
     # an abandon also names its queue entry (its registration), in case its waiter key lapsed
     mine = (claim.ttl_ms, backend.inbox, claim.info) if flag == "1" and backend.handoffs else ()
     reply = await backend._run(
@@ -146,6 +161,8 @@ async def release_lock(
         "1" if backend.publish_counts else "0", *mine, on_retry=on_retry,
     )
     released, owner, token, queued = reply
+    if not owner:  # released, handed to nobody (b"" or "")
+        return int(released)
     owner = _text(owner)
     if heir is not None and owner == heir.owner:
         # a local hand-off: the lease began after this request was sent
@@ -158,8 +175,8 @@ async def release_lock(
             streak.count += 1
         else:
             backend._streaks.pop(keys[0], None)
-    if owner:  # handed over: if to a claim of ours, tell it now (not at the echo)
-        backend.signals.granted(keys[0], owner, int(token), heir)
+    # handed over: if to a claim of ours, tell it now (not at the echo)
+    backend.signals.granted(keys[0], owner, int(token), heir)
     return int(released)
 
 

@@ -176,6 +176,10 @@ class Signals:
         :meth:`mark` gave ``mark`` (every break replaces the channel's future)."""
         return mark is not None and self._confirmed.get(channel) is mark
 
+    def listening(self, channel: str) -> bool:
+        """Whether any waiter of this process listens on ``channel`` now."""
+        return channel in self._waiters  # (an entry goes with its last waiter)
+
     def waiting(self, channel: str) -> list[Waiter]:
         """The waiters of this process listening on ``channel`` now."""
         return list(self._waiters.get(channel, ()))

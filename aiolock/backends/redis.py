@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
+from hiredis import pack_command
 from redis import exceptions as rexc
 
 from ..abc import Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
@@ -62,6 +62,8 @@ SCRIPTS = (ACQUIRE, RELEASE, RENEW, INSPECT, ACQUIRE_SHARED, RELEASE_SHARED, INS
 TOMBSTONE_MS = 60_000
 #: How long a release through a redis-py client stays recognisable to its own resend (ms).
 RELEASED_MARK_MS = 60_000
+#: Names whose keys are kept made (see ``_keys``) at most; the cache is emptied beyond.
+KEYS_CACHE = 1024
 #: Requests in flight at once through a redis-py client (its pool holds at most 100 by
 #: default in redis-py 8, and Sentinel's own pool is not configurable from a URL).
 MAX_IN_FLIGHT = 64
@@ -130,6 +132,7 @@ class RedisBackend(Backend):
         self._request_timeout = request_timeout
         self._gates: dict[tuple[str, str], _Gate] = {}  # see try_acquire
         self._streaks: dict[str, Streak] = {}  # lock key -> local hand-offs in a row
+        self._fixed_keys: dict[tuple[str, Kind], tuple[str, ...]] = {}  # see _keys
         #: this process's pub/sub channel for the hand-offs of plain locks (see RELEASE)
         self.inbox = f"{prefix}:inbox:{uuid.uuid4().hex}"
         self.signals = signals if signals is not None else Signals(client, request_timeout)
@@ -182,10 +185,19 @@ class RedisBackend(Backend):
         return f"{self._prefix}:{kind.family}:{{{redis_key_part(name)}}}"
 
     def _keys(self, name: str, owner: str, kind: Kind = Kind.LOCK) -> list[str]:
-        base = self._base(name, kind)
-        keys = [base, base + ":seq", base + ":q", base + ":qt", base + ":x:" + owner]
-        if kind not in _HANDOFF:
-            keys += (base + ":h", base + ":ht")
+        # the keys of a name are made once (each acquire and release asks for them),
+        # in a cache emptied when it grows beyond KEYS_CACHE names
+        fixed = self._fixed_keys.get((name, kind))
+        if fixed is None:
+            base = self._base(name, kind)
+            fixed = (base, base + ":seq", base + ":q", base + ":qt", base + ":x:")
+            if kind not in _HANDOFF:
+                fixed += (base + ":h", base + ":ht")
+            if len(self._fixed_keys) >= KEYS_CACHE:
+                self._fixed_keys.clear()
+            self._fixed_keys[name, kind] = fixed
+        keys = list(fixed)
+        keys[4] += owner
         return keys
 
     # -- running scripts ------------------------------------------------------------------
@@ -207,17 +219,20 @@ class RedisBackend(Backend):
         self, script: Script, keys: Sequence[str], *args: Any,
         on_retry: Callable[[], object] | None = None,
     ) -> Any:
-        call = self._call
-        if on_retry is not None and self._resp is not None:
-            call = functools.partial(self._resp.call, on_retry=on_retry)
+        resp = self._resp
+        request = ("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
             try:
-                return await call("EVALSHA", script.sha, len(keys), *keys, *args)
+                if resp is not None:  # as resp.call(), without its frame
+                    return (await resp.send(pack_command(request), on_retry=on_retry))[0]
+                return await self._call(*request)
             except (ResponseError, rexc.NoScriptError) as exc:
                 if not str(exc).startswith("NOSCRIPT") and not isinstance(exc, rexc.NoScriptError):
                     raise
                 await self._load_scripts(script)
-                return await call("EVALSHA", script.sha, len(keys), *keys, *args)
+                if resp is not None:
+                    return await resp.call(*request, on_retry=on_retry)
+                return await self._call(*request)
         except _ERRORS as exc:
             raise redis_error(exc, self._url, script.name) from exc
 
@@ -244,9 +259,14 @@ class RedisBackend(Backend):
         except _ERRORS as exc:
             raise redis_error(exc, self._url, CONNECTING) from exc
 
-    async def try_acquire(self, claim: Claim) -> Granted | Busy:
+    def try_acquire(self, claim: Claim) -> Coroutine[Any, Any, Granted | Busy]:
+        # not a coroutine itself: it hands back the one of the step that runs (a frame
+        # less per attempt)
         if self.ordered or not (claim.fair or claim.kind is Kind.WRITE):
-            return await self._try_acquire(claim)
+            return self._try_acquire(claim)
+        return self._gated_try_acquire(claim)
+
+    async def _gated_try_acquire(self, claim: Claim) -> Granted | Busy:
         # Claims that take a place in the server's queue must reach it in the order they
         # were made; a connection pool may reorder concurrent requests (one may wait for
         # a new connection), so those of one name go one at a time, first come first.
@@ -263,9 +283,12 @@ class RedisBackend(Backend):
             if not gate.users:
                 del self._gates[key]
 
-    async def _try_acquire(self, claim: Claim) -> Granted | Busy:
+    def _try_acquire(self, claim: Claim) -> Coroutine[Any, Any, Granted | Busy]:
         if claim.kind in _HANDOFF:
-            return await _redis_handoff.try_lock(self, claim)
+            return _redis_handoff.try_lock(self, claim)
+        return self._try_acquire_shared(claim)
+
+    async def _try_acquire_shared(self, claim: Claim) -> Granted | Busy:
         keys = self._keys(claim.name, claim.owner, claim.kind)
         fair = "1" if claim.fair else "0"
         reply = await self._run(
@@ -356,10 +379,10 @@ class RedisBackend(Backend):
                 await self._call("SET", keys[4], "a", "PX", max(TOMBSTONE_MS, 2 * claim.ttl_ms))
         return 0
 
-    async def _release_script(
+    def _release_script(
         self, claim: Claim, keys: list[str], *, abandon: bool, heir: Claim | None,
         local: Sequence[Claim], on_retry: Callable[[], object] | None,
-    ) -> Any:
+    ) -> Coroutine[Any, Any, Any]:  # the script's coroutine (a frame less per release)
         flag = "1" if abandon else "0"
         # A redis-py client resends a request whose reply was lost (its retry policy),
         # and the resent RELEASE would find nothing: leave a marker it recognises. Our
@@ -367,12 +390,11 @@ class RedisBackend(Backend):
         tomb = max(TOMBSTONE_MS, 2 * claim.ttl_ms) if abandon else (
             0 if self._resp is not None else RELEASED_MARK_MS)
         if claim.kind not in _HANDOFF:
-            return await self._run(
+            return self._run(
                 RELEASE_SHARED, keys, claim.owner, keys[0], flag, tomb, _KIND[claim.kind],
                 on_retry=on_retry,
             )
-        return await _redis_handoff.release_lock(self, claim, keys, flag, tomb, heir, local,
-                                                 on_retry)
+        return _redis_handoff.release_lock(self, claim, keys, flag, tomb, heir, local, on_retry)
 
     async def listen(self, name: str, kind: Kind, waiter: Waiter) -> None:
         channel = self._base(name, kind)
