@@ -101,16 +101,17 @@ end
 #: publishes ``<KEYS[1]>|<new owner>|<token>`` on that waiter's *inbox*, a pub/sub
 #: channel of its process: one message, heard by one process, no retry round trip.
 #:
-#: Which waiters are live: where the caller says PUBLISH counts can be trusted (plain
-#: Redis: every subscriber of an inbox is on this server; RELEASE's ARGV[9]), the entry
-#: carries the registration and the PUBLISH's count says whether the waiter's process is
-#: still there (its inbox is subscribed while it runs): a count of 0 (a dead process, or
-#: one whose pub/sub connection is down, which wakes its waiters itself when it is back)
-#: moves on to the next entry -- no read of the waiter key, no extra command. (A pattern
-#: subscriber matching the inboxes, such as ``PSUBSCRIBE *``, is counted too: a dead
-#: waiter then looks live, and costs its lease ttl once handed the lock.) Elsewhere
-#: (Cluster, Sentinel: a subscriber may sit on another node) and in REVOKE, each entry's
-#: waiter key is read as before: skipped if it lapsed or holds a tombstone. An abandon
+#: Which waiters are live: each entry's waiter key is read, and an entry whose key lapsed
+#: (a waiter that stopped renewing: dead, or frozen past its ttl) or holds a tombstone is
+#: skipped. Where the caller says PUBLISH counts can be trusted (plain Redis: every
+#: subscriber of an inbox is on this server; RELEASE's ARGV[9]), the PUBLISH's count also
+#: says whether the waiter's process is still there (its inbox is subscribed while it
+#: runs): a count of 0 (a dead process, or one whose pub/sub connection is down, which
+#: wakes its waiters itself when it is back) moves on to the next entry at once, before
+#: its key lapses. (A pattern subscriber matching the inboxes, such as ``PSUBSCRIBE *``,
+#: is counted too: a dead waiter then looks live until its key lapses, and costs its lease
+#: ttl once handed the lock.) Elsewhere (Cluster, Sentinel: a subscriber may sit on
+#: another node) a dead waiter is skipped once its key lapsed. An abandon
 #: removes its entry in the same script that sets its tombstone, so a queued entry is
 #: never one of an abandoned claim. The waiter key also holds the tombstone (``'a'``, an
 #: abandoned claim), the release marker (``'r'``) and the revocation mark (``'v'``),
@@ -165,8 +166,10 @@ local function hand_over(announce, trust)
   local taken = false
   local e = redis.call('lpop', KEYS[3])
   while e do
-    local next, x = parse_entry(e)
-    if not (trust and x) then x = redis.call('get', KEYS[1] .. ':x:' .. next) end
+    local next = parse_entry(e)
+    -- the waiter key, not the entry: a place lapses with it (a waiter frozen past its
+    -- ttl keeps its pub/sub connection, so a PUBLISH count alone would still hear it)
+    local x = redis.call('get', KEYS[1] .. ':x:' .. next)
     local ttl, inbox, info = registration(x)
     if ttl then
       local token = take(next, ttl, info, true)
