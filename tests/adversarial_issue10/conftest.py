@@ -272,6 +272,52 @@ class Monitor:
                 await writer.wait_closed()
 
 
+# ---------------------------------------------------------------- a TCP proxy that loses messages
+
+
+class DroppingProxy:
+    """A TCP proxy on a free loopback port in front of a Redis server. :meth:`drop` makes
+    it swallow, for a while, whatever the server sends down connections that subscribed
+    (a pub/sub message lost in the network, the connection kept)."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.drop_until = 0.0
+        self.dropped = 0
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> DroppingProxy:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    def drop(self, seconds: float) -> None:
+        self.drop_until = time.monotonic() + seconds
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target)
+        state = {"pubsub": False}
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, down: bool) -> None:
+            with contextlib.suppress(Exception):
+                while data := await src.read(65536):
+                    if not down and b"SUBSCRIBE" in data.upper():
+                        state["pubsub"] = True
+                    if down and state["pubsub"] and time.monotonic() < self.drop_until:
+                        self.dropped += len(data)
+                        continue
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pump(reader, up_w, False), pump(up_r, writer, True))
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()  # the proxied connections end with their agents
+
+
 # ---------------------------------------------------------------- backends by name
 
 
@@ -316,6 +362,12 @@ def redis_ports(b: Backend) -> list[int]:
 # file) -> the one-line symptom. Each is marked xfail(strict=True): the suite stays green,
 # the defect stays visible, and a fix turns the entry into an error to delete.
 KNOWN_DEFECTS: dict[str, str] = {
+    "test_waiter_frozen_past_its_ttl_is_skipped_then_served[plain]":
+        "plain Redis hands the lock to a waiter frozen past its ttl (queue place not renewed, "
+        "pub/sub socket open; still so at 5 x ttl): the live waiter behind waits a whole ttl",
+    "test_waiter_frozen_past_its_ttl_is_skipped_then_served[fair]":
+        "fair=True on Redis hands the lock to a waiter frozen past its ttl (its place documented "
+        "to lapse within one ttl; still handed at 5 x ttl): the next waiter waits a whole ttl",
 }
 
 

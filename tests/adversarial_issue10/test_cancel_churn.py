@@ -28,17 +28,18 @@ TTL = 10.0
 MAX_IDLE = 2.5  # s the lock may stay unheld while the looping process waits for it
 
 
-@pytest.mark.parametrize("key", [
-    pytest.param("redis", id="redis"),
-    pytest.param("zookeeper", id="zookeeper", marks=pytest.mark.slow),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.slow),
-    pytest.param("mysql", id="mysql", marks=pytest.mark.slow),
-    pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.slow),
-    pytest.param("redis-sentinel", id="redis-sentinel", marks=pytest.mark.slow),
-    pytest.param("etcd", id="etcd", marks=pytest.mark.slow),
+@pytest.mark.parametrize(("key", "fair"), [
+    pytest.param("redis", False, id="redis"),
+    pytest.param("redis", True, id="redis-fair"),
+    pytest.param("zookeeper", False, id="zookeeper", marks=pytest.mark.slow),
+    pytest.param("postgres", False, id="postgres", marks=pytest.mark.slow),
+    pytest.param("mysql", False, id="mysql", marks=pytest.mark.slow),
+    pytest.param("redis-cluster", False, id="redis-cluster", marks=pytest.mark.slow),
+    pytest.param("redis-sentinel", False, id="redis-sentinel", marks=pytest.mark.slow),
+    pytest.param("etcd", False, id="etcd", marks=pytest.mark.slow),
 ])
 async def test_cancelled_waiters_never_stick_the_lock(request: pytest.FixtureRequest,
-                                                      agents: Agents, key: str) -> None:
+                                                      agents: Agents, key: str, fair: bool) -> None:
     """Attacks "never leaves a lock held by nobody" and "never ... handed to a dead waiter
     forever" with cancellations in other processes racing the hand-offs: the lock is never
     idle longer than MAX_IDLE while someone waits, never held twice, tokens follow the
@@ -46,13 +47,15 @@ async def test_cancelled_waiters_never_stick_the_lock(request: pytest.FixtureReq
     b = backend(request, key)
     name = f"a10-churn-{uuid.uuid4().hex[:10]}"
     seconds = 2.5
-    line = await agents.start_each("loop", b.url, name, [{"ttl": TTL, "tasks": 2, "hold": 0.003}])
+    line = await agents.start_each("loop", b.url, name,
+                                   [{"ttl": TTL, "tasks": 2, "hold": 0.003, "fair": fair}])
     line += await agents.start_each("cancel", b.url, name,
-                                    [{"ttl": TTL, "tasks": 4, "hold": 0.003}] * 2)
+                                    [{"ttl": TTL, "tasks": 4, "hold": 0.003, "fair": fair}] * 2)
     end = time.monotonic() + 0.2 + seconds
     for a in line:
         await a.say(f"GO {end}")
-    recs = sorted((r for a in line for r in await a.records(seconds + 90)), key=lambda r: r[1])
+    per_agent = [await a.records(seconds + 90) for a in line]
+    recs = sorted((r for mine in per_agent for r in mine), key=lambda r: r[1])
     looper = line[0].pid
     assert sum(r[3] == looper for r in recs) > 10, "the looping process hardly got the lock"
     assert any(r[3] != looper for r in recs), "no interrupted acquisition was ever granted"
@@ -68,7 +71,7 @@ async def test_cancelled_waiters_never_stick_the_lock(request: pytest.FixtureReq
         f"while the looping process waited for it")
     async with aiolock.connect(b.url) as locks:
         started = time.monotonic()
-        lease = await locks.lock(name, ttl=TTL).acquire(timeout=MAX_IDLE + 5)
+        lease = await locks.lock(name, ttl=TTL, fair=fair).acquire(timeout=MAX_IDLE + 5)
         took = time.monotonic() - started
         await lease.release()
     assert took <= MAX_IDLE, f"after every process stopped, the lock took {took:.2f}s to get"

@@ -5,7 +5,9 @@
 time is ``time.monotonic()`` (CLOCK_MONOTONIC: one clock for every process of the box).
 
 ``once``: connect, print ``READY <pid>``, wait for ``GO`` on stdin, print ``WAITING <t>``,
-acquire once (no timeout), print ``GOT <token> <t> <lost> <expires_in>``, then every 20 ms
+acquire once (no timeout; with ``retry_unavailable``, again after each
+``BackendUnavailable``, printing ``UNAVAILABLE <t>``), print ``GOT <token> <t> <lost>
+<expires_in>``, then every 20 ms
 ``HB <t> <lost>`` while holding ``hold`` s, print ``RELEASING <t>``, release, print
 ``RELEASED <t>``; then stay
 connected (idle) until killed.
@@ -23,6 +25,10 @@ is held briefly and released, that release itself cancelled at random now and th
 (10 ms apart), each acquiring once; print ``WAITING <t>`` once all are started; each
 grant is held ``hold`` s; at the end ``ORDER i,j,...`` (task numbers in grant order),
 ``TOKENS t,...`` (same order) and ``DONE``.
+
+``multi``: connect, ``READY``, wait for ``GO``, then one task per lock of ``names`` (NAME
+ignored), each acquiring it once: ``WAITING <t>`` once all are started, ``GOT<i> <token>
+<t>`` per grant, held ``hold`` s, then ``RELEASED<i> <t>``; then stay connected.
 
 ``timeout``: connect, ``READY``, wait for ``GO``, print ``WAITING``, ``acquire(timeout=
 wait)``: ``TIMEOUT <t>`` or ``GOT ...``; then wait (forever) for the lock ``other`` so that
@@ -57,7 +63,15 @@ async def once(locks: aiolock.Locks, name: str, o: dict[str, Any]) -> None:
     lock = locks.lock(name, ttl=o["ttl"], fair=o.get("fair", False))
     await stdin_line()
     say("WAITING", now())
-    lease = await lock.acquire()
+    while True:
+        try:
+            lease = await lock.acquire()
+            break
+        except aiolock.BackendUnavailable:  # documented; a user would try again
+            if not o.get("retry_unavailable"):
+                raise
+            say("UNAVAILABLE", now())
+            await asyncio.sleep(0.05)
     say("GOT", lease.token, now(), int(lease.lost), lease.expires_in)
     end = now() + o.get("hold", 0.1)
     while now() < end:
@@ -106,6 +120,22 @@ async def many(locks: aiolock.Locks, name: str, o: dict[str, Any]) -> None:
     say("ORDER", ",".join(map(str, order)))
     say("TOKENS", ",".join(map(str, tokens)))
     say("DONE")
+    await asyncio.sleep(3600)
+
+
+async def multi(locks: aiolock.Locks, o: dict[str, Any]) -> None:
+    await stdin_line()
+
+    async def one(i: int, name: str) -> None:
+        async with locks.lock(name, ttl=o["ttl"], fair=o.get("fair", False)) as lease:
+            say(f"GOT{i}", lease.token, now())
+            await asyncio.sleep(o.get("hold", 0.0))
+        say(f"RELEASED{i}", now())
+
+    tasks = [asyncio.create_task(one(i, n)) for i, n in enumerate(o["names"])]
+    await asyncio.sleep(0.05)
+    say("WAITING", now())
+    await asyncio.gather(*tasks)
     await asyncio.sleep(3600)
 
 
@@ -186,6 +216,8 @@ async def main() -> None:
         say("READY", os.getpid())
         if mode == "once":
             await once(locks, name, o)
+        elif mode == "multi":
+            await multi(locks, o)
         elif mode == "many":
             await many(locks, name, o)
         elif mode == "timeout":
