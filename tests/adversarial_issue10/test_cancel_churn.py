@@ -57,7 +57,8 @@ async def test_cancelled_waiters_never_stick_the_lock(request: pytest.FixtureReq
     per_agent = [await a.records(seconds + 90) for a in line]
     recs = sorted((r for mine in per_agent for r in mine), key=lambda r: r[1])
     looper = line[0].pid
-    assert sum(r[3] == looper for r in recs) > 10, "the looping process hardly got the lock"
+    # (no share is promised to the looping process: MySQL's GET_LOCK is not fair)
+    assert len(recs) > 20, f"only {len(recs)} grants in {seconds}s"
     assert any(r[3] != looper for r in recs), "no interrupted acquisition was ever granted"
     tokens = [r[0] for r in recs]
     assert tokens == sorted(set(tokens)), "tokens do not strictly increase in grant order"
