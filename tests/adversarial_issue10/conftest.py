@@ -364,10 +364,10 @@ def redis_ports(b: Backend) -> list[int]:
 KNOWN_DEFECTS: dict[str, str] = {
     "test_waiter_frozen_past_its_ttl_is_skipped_then_served[plain]":
         "plain Redis hands the lock to a waiter frozen past its ttl (queue place not renewed, "
-        "pub/sub socket open; still so at 5 x ttl): the live waiter behind waits a whole ttl",
+        "pub/sub socket open; still so at 5 x ttl; Cluster skips it): the next waits a ttl",
     "test_waiter_frozen_past_its_ttl_is_skipped_then_served[fair]":
-        "fair=True on Redis hands the lock to a waiter frozen past its ttl (its place documented "
-        "to lapse within one ttl; still handed at 5 x ttl): the next waiter waits a whole ttl",
+        "fair=True on plain Redis hands the lock to a waiter frozen past its ttl (place "
+        "documented to lapse within one ttl; Sentinel skips it): the next waits a ttl",
 }
 
 

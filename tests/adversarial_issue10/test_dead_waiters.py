@@ -273,16 +273,20 @@ async def test_holder_and_first_waiter_killed_together(request: pytest.FixtureRe
     assert g2.token > h.token
 
 
-@pytest.mark.parametrize("fair", [pytest.param(False, id="plain"),
-                                  pytest.param(True, id="fair", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(("key", "fair"), [
+    pytest.param("redis", False, id="plain"),
+    pytest.param("redis", True, id="fair", marks=pytest.mark.slow),
+    pytest.param("redis-cluster", False, id="redis-cluster-plain", marks=pytest.mark.slow),
+    pytest.param("redis-sentinel", True, id="redis-sentinel-fair", marks=pytest.mark.slow),
+])
 async def test_waiter_frozen_past_its_ttl_is_skipped_then_served(
-        request: pytest.FixtureRequest, agents: Agents, fair: bool) -> None:
+        request: pytest.FixtureRequest, agents: Agents, key: str, fair: bool) -> None:
     """Attacks "a place in the lock's queue that lapses unless the waiter renews it every
-    third of its ttl" (plain Redis, both modes): a waiter frozen past its ttl has lost its
+    third of its ttl" (Redis, both modes): a waiter frozen past its ttl has lost its
     place, so the release goes at once to the live waiter behind it; once thawed, the
     frozen one must find its way back and get the lock after that one (not be left
     waiting for a wake-up that no longer concerns it)."""
-    b = backend(request, "redis")
+    b = backend(request, key)
     name = fresh("lapsed")
     ttl = 2.0  # everyone's (a wait is bounded by the holder's remaining ttl); > AT_ONCE_BOUND
     async with aiolock.connect(b.url) as locks:
@@ -303,3 +307,27 @@ async def test_waiter_frozen_past_its_ttl_is_skipped_then_served(
     assert late.at >= done and late.token > got.token
     assert late.at - done <= ttl + SLACK, (
         f"the thawed waiter got the lock {late.at - done:.2f}s after it was free")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
+async def test_a_long_wait_keeps_its_place(request: pytest.FixtureRequest, agents: Agents,
+                                           fair: bool) -> None:
+    """Attacks "a place in the lock's queue that lapses unless the waiter renews it every
+    third of its ttl" from the other side: a live waiter with a short ttl (0.6 s) waits
+    through a hold of 6 of its ttls; its renewals must keep its place, so the release
+    hands it the lock at once (the holder's ttl, 30 s, would show a lost place)."""
+    b = backend(request, "redis")
+    name = fresh("longwait")
+    async with aiolock.connect(b.url) as locks:
+        held = await locks.lock(name, ttl=30, fair=fair).acquire()
+        (waiter,) = await agents.start("once", b.url, name, 1, ttl=0.6, fair=fair, hold=1.0)
+        await go_in_order([waiter], 3.6)
+        released = time.monotonic()
+        await held.release()
+        got = await waiter.got(40)
+        await waiter.expect("RELEASING", 10)
+    assert got.at - released <= AT_ONCE_BOUND, (
+        f"the waiter got the lock {got.at - released:.2f}s after the release")
+    lost = [ln for ln in waiter.lines if ln.startswith("HB ") and ln.split()[2] == "1"]
+    assert not lost, f"its lease (ttl 0.6 s) was lost while held: {lost[:3]}"
