@@ -31,12 +31,12 @@ MAX_IDLE = 2.5  # s the lock may stay unheld while the looping process waits for
 @pytest.mark.parametrize(("key", "fair"), [
     pytest.param("redis", False, id="redis"),
     pytest.param("redis", True, id="redis-fair"),
-    pytest.param("zookeeper", False, id="zookeeper", marks=pytest.mark.slow),
-    pytest.param("postgres", False, id="postgres", marks=pytest.mark.slow),
-    pytest.param("mysql", False, id="mysql", marks=pytest.mark.slow),
-    pytest.param("redis-cluster", False, id="redis-cluster", marks=pytest.mark.slow),
-    pytest.param("redis-sentinel", False, id="redis-sentinel", marks=pytest.mark.slow),
-    pytest.param("etcd", False, id="etcd", marks=pytest.mark.slow),
+    pytest.param("zookeeper", False, id="zookeeper"),
+    pytest.param("postgres", False, id="postgres"),
+    pytest.param("mysql", False, id="mysql"),
+    pytest.param("redis-cluster", False, id="redis-cluster"),
+    pytest.param("redis-sentinel", False, id="redis-sentinel"),
+    pytest.param("etcd", False, id="etcd"),
 ])
 async def test_cancelled_waiters_never_stick_the_lock(request: pytest.FixtureRequest,
                                                       agents: Agents, key: str, fair: bool) -> None:

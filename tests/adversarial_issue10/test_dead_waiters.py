@@ -44,12 +44,12 @@ SETTLE = 0.4  # s between two waiters' arrivals: an order the server sees
 @pytest.mark.parametrize(("key", "fair"), [
     pytest.param("redis", False, id="redis"),
     pytest.param("redis", True, id="redis-fair"),
-    pytest.param("postgres", False, id="postgres", marks=pytest.mark.slow),
-    pytest.param("mysql", False, id="mysql", marks=pytest.mark.slow),
-    pytest.param("redis-cluster", False, id="redis-cluster", marks=pytest.mark.slow),
-    pytest.param("redis-sentinel", False, id="redis-sentinel", marks=pytest.mark.slow),
-    pytest.param("zookeeper", False, id="zookeeper", marks=pytest.mark.slow),
-    pytest.param("etcd", False, id="etcd", marks=pytest.mark.slow),
+    pytest.param("postgres", False, id="postgres"),
+    pytest.param("mysql", False, id="mysql"),
+    pytest.param("redis-cluster", False, id="redis-cluster"),
+    pytest.param("redis-sentinel", False, id="redis-sentinel"),
+    pytest.param("zookeeper", False, id="zookeeper"),
+    pytest.param("etcd", False, id="etcd"),
 ])
 async def test_killed_waiters_are_skipped(request: pytest.FixtureRequest, agents: Agents,
                                           key: str, fair: bool) -> None:
@@ -111,12 +111,12 @@ async def test_waiter_killed_as_the_holder_releases(request: pytest.FixtureReque
 
 STOPPED = [
     pytest.param("redis", id="redis"),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.slow),
-    pytest.param("zookeeper", id="zookeeper", marks=pytest.mark.slow),
-    pytest.param("mysql", id="mysql", marks=pytest.mark.slow),
-    pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.slow),
-    pytest.param("redis-sentinel", id="redis-sentinel", marks=pytest.mark.slow),
-    pytest.param("etcd", id="etcd", marks=pytest.mark.slow),
+    pytest.param("postgres", id="postgres"),
+    pytest.param("zookeeper", id="zookeeper"),
+    pytest.param("mysql", id="mysql"),
+    pytest.param("redis-cluster", id="redis-cluster"),
+    pytest.param("redis-sentinel", id="redis-sentinel"),
+    pytest.param("etcd", id="etcd"),
 ]
 
 
@@ -170,12 +170,12 @@ async def test_frozen_waiter_handed_the_lock(request: pytest.FixtureRequest, age
 
 @pytest.mark.parametrize("key", [
     pytest.param("redis", id="redis"),
-    pytest.param("zookeeper", id="zookeeper", marks=pytest.mark.slow),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.slow),
-    pytest.param("mysql", id="mysql", marks=pytest.mark.slow),
-    pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.slow),
-    pytest.param("redis-sentinel", id="redis-sentinel", marks=pytest.mark.slow),
-    pytest.param("etcd", id="etcd", marks=pytest.mark.slow),
+    pytest.param("zookeeper", id="zookeeper"),
+    pytest.param("postgres", id="postgres"),
+    pytest.param("mysql", id="mysql"),
+    pytest.param("redis-cluster", id="redis-cluster"),
+    pytest.param("redis-sentinel", id="redis-sentinel"),
+    pytest.param("etcd", id="etcd"),
 ])
 async def test_timed_out_waiter_is_not_handed_the_lock(request: pytest.FixtureRequest,
                                                        agents: Agents, key: str) -> None:
@@ -208,9 +208,9 @@ async def test_timed_out_waiter_is_not_handed_the_lock(request: pytest.FixtureRe
 
 @pytest.mark.parametrize("key", [
     pytest.param("redis", id="redis"),
-    pytest.param("zookeeper", id="zookeeper", marks=pytest.mark.slow),
-    pytest.param("etcd", id="etcd", marks=pytest.mark.slow),
-    pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.slow),
+    pytest.param("zookeeper", id="zookeeper"),
+    pytest.param("etcd", id="etcd"),
+    pytest.param("redis-cluster", id="redis-cluster"),
 ])
 async def test_line_moves_on_after_a_killed_holder(request: pytest.FixtureRequest,
                                                    agents: Agents, key: str) -> None:
@@ -243,10 +243,10 @@ async def test_line_moves_on_after_a_killed_holder(request: pytest.FixtureReques
 
 
 @pytest.mark.parametrize(("key", "fair"), [
-    pytest.param("redis", False, id="redis", marks=pytest.mark.slow),
-    pytest.param("redis", True, id="redis-fair", marks=pytest.mark.slow),
-    pytest.param("redis-cluster", False, id="redis-cluster", marks=pytest.mark.slow),
-    pytest.param("redis-sentinel", False, id="redis-sentinel", marks=pytest.mark.slow),
+    pytest.param("redis", False, id="redis"),
+    pytest.param("redis", True, id="redis-fair"),
+    pytest.param("redis-cluster", False, id="redis-cluster"),
+    pytest.param("redis-sentinel", False, id="redis-sentinel"),
 ])
 async def test_holder_and_first_waiter_killed_together(request: pytest.FixtureRequest,
                                                        agents: Agents, key: str,
@@ -275,9 +275,9 @@ async def test_holder_and_first_waiter_killed_together(request: pytest.FixtureRe
 
 @pytest.mark.parametrize(("key", "fair"), [
     pytest.param("redis", False, id="plain"),
-    pytest.param("redis", True, id="fair", marks=pytest.mark.slow),
-    pytest.param("redis-cluster", False, id="redis-cluster-plain", marks=pytest.mark.slow),
-    pytest.param("redis-sentinel", True, id="redis-sentinel-fair", marks=pytest.mark.slow),
+    pytest.param("redis", True, id="fair"),
+    pytest.param("redis-cluster", False, id="redis-cluster-plain"),
+    pytest.param("redis-sentinel", True, id="redis-sentinel-fair"),
 ])
 async def test_waiter_frozen_past_its_ttl_is_skipped_then_served(
         request: pytest.FixtureRequest, agents: Agents, key: str, fair: bool) -> None:

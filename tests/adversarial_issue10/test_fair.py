@@ -23,10 +23,10 @@ pytestmark = pytest.mark.timeout(90)
 FAIR = [
     pytest.param("redis", True, id="redis"),
     pytest.param("zookeeper", False, id="zookeeper"),
-    pytest.param("postgres", True, id="postgres", marks=pytest.mark.slow),
-    pytest.param("etcd", False, id="etcd", marks=pytest.mark.slow),
-    pytest.param("redis-cluster", True, id="redis-cluster", marks=pytest.mark.slow),
-    pytest.param("redis-sentinel", True, id="redis-sentinel", marks=pytest.mark.slow),
+    pytest.param("postgres", True, id="postgres"),
+    pytest.param("etcd", False, id="etcd"),
+    pytest.param("redis-cluster", True, id="redis-cluster"),
+    pytest.param("redis-sentinel", True, id="redis-sentinel"),
 ]
 
 

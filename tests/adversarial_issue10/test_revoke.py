@@ -26,11 +26,11 @@ AT_ONCE = {"redis", "redis-cluster", "redis-sentinel", "zookeeper", "etcd"}
 
 @pytest.mark.parametrize("key", [
     pytest.param("redis", id="redis"),
-    pytest.param("zookeeper", id="zookeeper", marks=pytest.mark.slow),
-    pytest.param("etcd", id="etcd", marks=pytest.mark.slow),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.slow),
-    pytest.param("mysql", id="mysql", marks=pytest.mark.slow),
-    pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.slow),
+    pytest.param("zookeeper", id="zookeeper"),
+    pytest.param("etcd", id="etcd"),
+    pytest.param("postgres", id="postgres"),
+    pytest.param("mysql", id="mysql"),
+    pytest.param("redis-cluster", id="redis-cluster"),
 ])
 async def test_revoked_lock_goes_to_the_first_waiter_only(request: pytest.FixtureRequest,
                                                           agents: Agents, key: str) -> None:

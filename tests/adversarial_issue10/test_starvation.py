@@ -21,8 +21,8 @@ from .conftest import Agents, backend
 pytestmark = pytest.mark.timeout(120)
 
 REDIS = [pytest.param("redis", id="redis"),
-         pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.slow),
-         pytest.param("redis-sentinel", id="redis-sentinel", marks=pytest.mark.slow)]
+         pytest.param("redis-cluster", id="redis-cluster"),
+         pytest.param("redis-sentinel", id="redis-sentinel")]
 
 Rec = tuple[int, float, float, int]
 

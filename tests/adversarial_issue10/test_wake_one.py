@@ -52,14 +52,14 @@ CASES = [
     pytest.param("redis", False, id="redis-plain"),
     pytest.param("redis", True, id="redis-fair"),
     pytest.param("zookeeper", False, id="zookeeper"),
-    pytest.param("postgres", True, id="postgres-fair", marks=pytest.mark.slow),
-    pytest.param("postgres", False, id="postgres-plain", marks=pytest.mark.slow),
-    pytest.param("redis-cluster", False, id="redis-cluster-plain", marks=pytest.mark.slow),
-    pytest.param("redis-cluster", True, id="redis-cluster-fair", marks=pytest.mark.slow),
-    pytest.param("redis-sentinel", False, id="redis-sentinel-plain", marks=pytest.mark.slow),
-    pytest.param("redis-sentinel", True, id="redis-sentinel-fair", marks=pytest.mark.slow),
-    pytest.param("etcd", False, id="etcd", marks=pytest.mark.slow),
-    pytest.param("mysql", False, id="mysql", marks=pytest.mark.slow),
+    pytest.param("postgres", True, id="postgres-fair"),
+    pytest.param("postgres", False, id="postgres-plain"),
+    pytest.param("redis-cluster", False, id="redis-cluster-plain"),
+    pytest.param("redis-cluster", True, id="redis-cluster-fair"),
+    pytest.param("redis-sentinel", False, id="redis-sentinel-plain"),
+    pytest.param("redis-sentinel", True, id="redis-sentinel-fair"),
+    pytest.param("etcd", False, id="etcd"),
+    pytest.param("mysql", False, id="mysql"),
 ]
 
 
@@ -128,7 +128,7 @@ async def test_release_wakes_only_the_next_process(request: pytest.FixtureReques
 
 @pytest.mark.parametrize("key", [
     pytest.param("redis", id="redis"),
-    pytest.param("zookeeper", id="zookeeper", marks=pytest.mark.slow),
+    pytest.param("zookeeper", id="zookeeper"),
 ])
 async def test_local_waiters_queue_and_only_the_head_asks(request: pytest.FixtureRequest,
                                                            agents: Agents, key: str) -> None:
@@ -164,8 +164,8 @@ async def test_local_waiters_queue_and_only_the_head_asks(request: pytest.Fixtur
 
 @pytest.mark.parametrize(("key", "fair"), [
     pytest.param("redis", False, id="redis"),
-    pytest.param("redis", True, id="redis-fair", marks=pytest.mark.slow),
-    pytest.param("redis-cluster", False, id="redis-cluster", marks=pytest.mark.slow),
+    pytest.param("redis", True, id="redis-fair"),
+    pytest.param("redis-cluster", False, id="redis-cluster"),
 ])
 async def test_hand_off_reaches_the_right_waiter_of_a_process(
         request: pytest.FixtureRequest, agents: Agents, key: str, fair: bool) -> None:
