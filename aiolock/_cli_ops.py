@@ -22,7 +22,8 @@ def info_json(info: LockInfo) -> dict[str, object]:
         "name": info.name, "kind": FAMILY_NAMES.get(info.family, info.family),
         "token": info.token, "last_token": info.last_token, "ttl_left": info.ttl_left,
         "waiters": info.waiters, "holders": [
-            {"host": h.host, "pid": h.pid, "task": h.task, "data": h.data, "since": h.since}
+            {"host": h.host, "pid": h.pid, "task": h.task, "data": h.data, "since": h.since,
+             "waiting": h.waiting}
             for h in info.held_by
         ],
     }

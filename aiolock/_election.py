@@ -55,8 +55,8 @@ class Leadership(Lease):
             raise LockLost(f"leadership of {self.name!r} is lost: {hold.lost_reason}")
         if self._released:
             raise LockError(f"leadership of {self.name!r} was resigned; campaign again")
-        task = decode_holder(hold.claim.info).task
-        hold.claim.info = encode_holder(data, task)
+        record = decode_holder(hold.claim.info)
+        hold.claim.info = encode_holder(data, record.task, record.waiting)
         if not await hold.engine.backend.set_info(hold.claim):
             hold.mark_lost("the server no longer has it (expired or taken over)")
             raise LockLost(f"leadership of {self.name!r} is lost: {hold.lost_reason}")

@@ -16,6 +16,13 @@ State, keyed by ``(kind.family, name)``:
 * ``_owned[key][task]``: the hold ``task`` owns (exclusive kinds and readers; permits
   belong to no task), for reentrancy; always one of ``_locals[key].holds``.
 * ``_acquiring[claim]``: every ``acquire()`` in flight, with its waiter once it waits.
+
+Local waiters the server cannot see: a task queued behind another of this process
+(``_Local.unseen``) asks nothing of the server until it heads the queue -- and while
+the name is held here, not even then (a release here wakes it directly). So that
+``status()`` and ``aiolock ls``/``top`` still count them, :meth:`_Engine.waiting_changed`
+writes their number into the record of a hold of the name in this process
+(``set_info``), at most once per :data:`WAITING_DELAY` per name, never on the hot path.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from ._holder import with_waiting
 from ._lease import _Hold
 from ._watchdog import Watchdog
 from .abc import Backend, Capability, Claim, Kind
@@ -38,6 +46,10 @@ T = TypeVar("T")
 
 #: How long closing a connection waits for the releases of the leases it still holds.
 CLOSE_TIMEOUT = 5.0
+
+#: Seconds after a change in a name's unseen local waiters before their number is
+#: written to its holder record here (changes within it are written together).
+WAITING_DELAY = 0.2
 
 _Key = tuple[str, str]
 
@@ -61,7 +73,7 @@ class _Local:
     dead server fail together within one connect + request timeout, not one after another.
     """
 
-    __slots__ = ("_turn", "failure", "failures", "head", "holds", "trying", "users")
+    __slots__ = ("_turn", "failure", "failures", "head", "holds", "trying", "unseen", "users")
 
     def __init__(self) -> None:
         # made on first use: an uncontended acquire never queues (and this state is made
@@ -75,6 +87,9 @@ class _Local:
         self.users = 0  # acquire() calls using this state right now
         self.failures = 0
         self.failure: BackendUnavailable | None = None
+        # the claims of local waiters that have not asked the server since they started
+        # waiting (queued behind another local task): the server cannot count them
+        self.unseen: set[Claim] | None = None
 
     @property
     def turn(self) -> asyncio.Lock:
@@ -104,6 +119,12 @@ class _Local:
         return 0 <= self.trying <= self.users and (self.failures == 0 or self.failure is not None)
 
 
+def _counts(info: str) -> bool:
+    """Whether a record made here carries a count of waiters (``"w":`` cannot occur in
+    a JSON string value: its quotes would be escaped)."""
+    return '"w":' in info
+
+
 class _Engine:
     """The core's state for one connection (see the module doc); made by ``Locks``."""
 
@@ -123,6 +144,8 @@ class _Engine:
         #: before the backend closes, then wakes the waiter to fail
         self._acquiring: dict[Claim, Any] = {}
         self._abandoned_at_close: set[Claim] = set()
+        #: names whose unseen local waiters' count is due to be written (see the module doc)
+        self._waiting_due: set[_Key] = set()
 
     # -- checks ---------------------------------------------------------------------------
 
@@ -217,10 +240,13 @@ class _Engine:
     def adopt(self, hold: _Hold, key: _Key) -> None:
         """A claim was granted: track it for renewal, reentrancy and local waiters."""
         assert not hold.done
-        self.local(key).holds.add(hold)
+        local = self.local(key)
+        local.holds.add(hold)
         if hold.task is not None:
             self._owned.setdefault(key, {})[hold.task] = hold
         self.watchdog.track(hold)
+        if local.unseen:
+            self.waiting_changed(key)
 
     def forget(self, hold: _Hold, *, wake: bool, woken: object = None) -> None:
         """A hold ended (released or lost): stop tracking it; after a release, wake the
@@ -242,6 +268,54 @@ class _Engine:
                 if head is not None and head is not woken:  # as wake_head()
                     head.wake()
             self.tidy(key)
+
+    # -- local waiters the server cannot see -----------------------------------------------
+
+    def unseen(self, local: _Local, key: _Key, claim: Claim, waits: bool) -> None:
+        """``claim`` starts (``waits``) or stops waiting unseen by the server."""
+        unseen = local.unseen
+        if waits:
+            if unseen is None:
+                unseen = local.unseen = set()
+            unseen.add(claim)
+        elif unseen is None or claim not in unseen:
+            return
+        else:
+            unseen.discard(claim)
+        self.waiting_changed(key)
+
+    def waiting_changed(self, key: _Key) -> None:
+        """The name's unseen local waiters changed, or it was granted here: write their
+        number to its record here within :data:`WAITING_DELAY` (if it is held here)."""
+        local = self._locals.get(key)
+        if local is None or not local.holds or key in self._waiting_due or self.closed:
+            return
+        if not local.unseen and not any(_counts(h.claim.info) for h in local.holds):
+            return  # nothing to count, nothing counted
+        self._waiting_due.add(key)
+        loop = self._loop or asyncio.get_running_loop()
+        loop.call_later(WAITING_DELAY, lambda: self.spawn(self._write_waiting(key)))
+
+    async def _write_waiting(self, key: _Key) -> None:
+        self._waiting_due.discard(key)
+        local = self._locals.get(key)
+        if local is None or self.closed:
+            return
+        count = len(local.unseen or ())
+        # one hold (the oldest grant here) carries the count, so readers or permits of
+        # one process are not counted once each
+        for hold in sorted(local.holds, key=lambda h: h.token):
+            claim = hold.claim
+            record = with_waiting(claim.info, count)
+            count = 0
+            if record == claim.info or hold.done or hold.releasing is not None:
+                continue
+            claim.info = record
+            try:
+                # False (released or lost meanwhile) is for the release or the watchdog to see
+                await self.backend.set_info(claim)
+            except Exception as exc:  # a count is advisory: never a loss
+                log.debug("could not record the waiters of %r: %s", claim.name, exc)
 
     # -- releasing ------------------------------------------------------------------------
 

@@ -4,6 +4,12 @@ The core encodes it once per acquisition (:func:`encode_holder`: host, pid, task
 and the user's ``data``, as compact JSON) into :attr:`aiolock.abc.Claim.info`; a
 backend stores that string verbatim next to the claim and gives it back, with how long
 the claim has been held, through :func:`decode_holder`. Backends never parse it.
+
+While a lease is held, the tasks of its own process that queue behind it for the same
+name never reach the server (a release here wakes them directly), so no server can
+count them: the core writes their number into the record as well (``"w"``, see
+``_Engine.waiting_changed``), and ``status()``/``scan()`` add it to the waiters the
+server sees.
 """
 
 from __future__ import annotations
@@ -12,9 +18,9 @@ import functools
 import json
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["MAX_DATA_LENGTH", "Holder", "check_data", "decode_holder", "encode_holder"]
+__all__ = ["MAX_DATA_LENGTH", "Holder", "check_data", "decode_holder", "encode_holder", "with_waiting"]
 
 #: The longest user ``data`` string a lease may carry.
 MAX_DATA_LENGTH = 1024
@@ -29,7 +35,9 @@ class Holder:
     ``host`` (``socket.gethostname()`` of the holding process), ``pid``, ``task`` (the
     name of the task that acquired it, or None), ``data`` (the user's string, ``""`` by
     default), ``since`` (seconds it has been held, from the server's view where the
-    backend has one; None where unknown).
+    backend has one; None where unknown), ``waiting`` (tasks of the holder's own process
+    queued behind it for the same name, as last written to the record; they are counted
+    in :attr:`aiolock.LockInfo.waiters`; not compared).
     """
 
     host: str
@@ -37,6 +45,7 @@ class Holder:
     task: str | None
     data: str
     since: float | None = None
+    waiting: int = field(default=0, compare=False)
 
 
 def check_data(data: object) -> str:
@@ -54,17 +63,26 @@ def check_data(data: object) -> str:
     return data
 
 
-def encode_holder(data: str, task: str | None) -> str:
-    """The record of a holder in this process (what backends store as ``Claim.info``)."""
-    return _encode(os.getpid(), data, task)
+def encode_holder(data: str, task: str | None, waiting: int = 0) -> str:
+    """The record of a holder in this process (what backends store as ``Claim.info``);
+    ``waiting``: the local tasks queued behind it (omitted when 0)."""
+    return _encode(os.getpid(), data, task, waiting)
 
 
 @functools.lru_cache(maxsize=256)
-def _encode(pid: int, data: str, task: str | None) -> str:
+def _encode(pid: int, data: str, task: str | None, waiting: int) -> str:
     # cached: a worker acquiring in a loop sends the same record each time, and the JSON
     # encoding was most of the record's cost (pid in the key: a forked child differs)
-    return json.dumps({"h": _HOST, "p": pid, "t": task, "d": data},
-                      separators=(",", ":"), ensure_ascii=False)
+    record: dict[str, object] = {"h": _HOST, "p": pid, "t": task, "d": data}
+    if waiting:
+        record["w"] = waiting
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+
+
+def with_waiting(info: str, waiting: int) -> str:
+    """``info`` (a record made here) with ``waiting`` local tasks queued behind it."""
+    holder = decode_holder(info)
+    return encode_holder(holder.data, holder.task, waiting)
 
 
 def decode_holder(info: str | bytes | None, since: float | None = None) -> Holder:
@@ -77,6 +95,6 @@ def decode_holder(info: str | bytes | None, since: float | None = None) -> Holde
         task = raw.get("t")
         return Holder(str(raw.get("h", "")), int(raw.get("p", 0)),
                       None if task is None else str(task), str(raw.get("d", "")),
-                      None if since is None else max(0.0, since))
+                      None if since is None else max(0.0, since), max(0, int(raw.get("w", 0))))
     except (TypeError, ValueError):
         return Holder("", 0, None, "", None if since is None else max(0.0, since))

@@ -249,10 +249,15 @@ class Lock:
             # hand it the lock) must listen at once, not queue behind a local head.
             return await self._contend(claim, deadline, local, task, wait, queued)
         # Queue behind the other local waiters of this name; only the head contends.
+        # Until it asks the server, the server cannot count it (see _Engine.unseen).
         failures = local.failures
+        engine = self._engine
+        if not queued:
+            engine.unseen(local, self._key, claim, True)
         try:
             await self._within(local.turn.acquire(), deadline, wait)
         except BaseException as exc:
+            engine.unseen(local, self._key, claim, False)
             if queued:  # the fast path's attempt left it waiting on the server
                 await self._drop(claim, exc)
             raise
@@ -269,6 +274,7 @@ class Lock:
                 local.failure = exc
                 raise
         finally:
+            engine.unseen(local, self._key, claim, False)
             local.turn.release()
 
     async def _contend(
@@ -288,6 +294,8 @@ class Lock:
         try:
             if wait == 0:  # one try, nothing to wait for (a fair claim may reach here)
                 queued = self.fair or self.kind is Kind.WRITE
+                if backend.counts_waiting:
+                    engine.unseen(local, self._key, claim, False)
                 result, sent = await self._attempt(claim, None, wait)
                 if isinstance(result, Granted):
                     queued = False
@@ -306,6 +314,8 @@ class Lock:
                     skip = False
                     retry_after = local.retry_after()
                 else:
+                    if backend.counts_waiting:  # the server counts it from now on
+                        engine.unseen(local, self._key, claim, False)
                     result, sent = await self._attempt(claim, deadline, wait)
                     if isinstance(result, Granted):
                         queued = False

@@ -9,6 +9,7 @@ holds what, the local waiters, background tasks -- lives in its engine
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
@@ -120,12 +121,12 @@ class Locks:
         self._engine.need(Capability.SCAN, "scan()")
         self._engine.check_open()
         async for info in self.backend.scan(prefix):
-            yield info
+            yield _counted(info)
 
     async def status(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
         """Who holds ``name`` now: held, holders, current token, seconds left, and
         (``Capability.HOLDERS``) each holder's record in ``held_by``."""
-        return await self.backend.inspect(check_name(name), kind)
+        return _counted(await self.backend.inspect(check_name(name), kind))
 
     def _fair(self, fair: bool) -> bool:
         if fair:
@@ -184,3 +185,10 @@ class RWLock:
 
 class Semaphore(Lock):
     """At most ``limit`` holders at once, each with an expiring, renewed permit."""
+
+
+def _counted(info: LockInfo) -> LockInfo:
+    """``info`` with the waiters its holders' records count (tasks queued behind a
+    holder in its own process: no server sees them) added to those the server sees."""
+    local = sum(holder.waiting for holder in info.held_by)
+    return dataclasses.replace(info, waiters=info.waiters + local) if local else info

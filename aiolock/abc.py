@@ -217,6 +217,8 @@ class LockInfo:
     token: int | None = None  #: the current holder's token (exclusive kinds)
     last_token: int | None = None  #: the highest token ever given for this name
     ttl_left: float | None = None  #: seconds until the current lease expires
+    #: acquisitions waiting now: those the server sees, plus the tasks queued behind a
+    #: holder in its own process (in its record: :attr:`aiolock.Holder.waiting`)
     waiters: int = 0
     #: every current holder (one for a lock, many for readers or permits); empty when
     #: free, or where the backend does not keep holder records
@@ -246,6 +248,11 @@ class Backend(abc.ABC):
     #: were made (one pipelined connection). The core then wakes the next local waiter
     #: as soon as a release is *sent*: its acquire queues right behind the release.
     ordered: bool = False
+    #: True if :meth:`inspect` counts, in ``waiters``, every claim that asked while the
+    #: name was busy and still waits (the server keeps its place: a queue entry, a node,
+    #: a blocked lock request). The core then stops counting a local waiter in its
+    #: holder's record once it has asked (see ``_Engine.unseen``).
+    counts_waiting: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod

@@ -54,6 +54,40 @@ async def test_every_reader_and_permit_is_listed(locks: aiolock.Locks, name: str
             await p.release()
 
 
+async def _waiters_become(locks: aiolock.Locks, name: str, count: int) -> aiolock.LockInfo:
+    deadline = time.monotonic() + 3.0
+    while True:
+        info = await locks.status(name)
+        if info.waiters == count or time.monotonic() > deadline:
+            return info
+        await asyncio.sleep(0.05)
+
+
+async def test_tasks_queued_behind_a_holder_of_their_process_are_counted(
+    locks: aiolock.Locks, name: str,
+) -> None:
+    """Tasks waiting behind a holder of their own process never reach the server (a
+    release here wakes them): status() counts them through the holder's record."""
+    need(locks, Capability.HOLDERS)
+    async with locks.lock(name, ttl=10, data="d") as lease:
+        waiting = [asyncio.create_task(locks.lock(name, ttl=10).acquire()) for _ in range(3)]
+        info = await _waiters_become(locks, name, 3)
+        # the head may have asked the server by now (woken by the record's write), and
+        # counts there if the server keeps waiters' places
+        assert info.waiters == 3 and info.held_by[0].waiting >= 2, info
+        assert info.held_by[0].data == "d" and lease.holder.data == "d"
+        if Capability.SCAN in locks.capabilities:
+            (listed,) = [i async for i in locks.scan(name)]
+            assert listed.waiters == 3, listed
+        waiting.pop().cancel()
+        assert (await _waiters_become(locks, name, 2)).waiters == 2
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        info = await _waiters_become(locks, name, 0)
+        assert info.waiters == 0 and info.held and info.held_by[0].waiting == 0, info
+
+
 @pytest.mark.parametrize("data", ["x" * 1025, 7, b"bytes", "\ud800"])
 async def test_bad_holder_data_is_a_value_error(locks: aiolock.Locks, data: object) -> None:
     with pytest.raises(ValueError, match="data must be"):

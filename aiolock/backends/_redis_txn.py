@@ -98,6 +98,7 @@ class RedisTxnBackend(RedisBackend):
         {Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS}
     )
     handoffs = False  # waiters listen on the lock's own channel, not on an inbox
+    counts_waiting = False  # its waiters keep no place on the server
     #: aborted ``EXEC`` (conflicts with another client) since this backend was made
     conflicts: int = 0
 

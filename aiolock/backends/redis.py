@@ -89,6 +89,7 @@ class RedisBackend(Backend):
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss", "unix")
+    counts_waiting = True  # its waiters keep a place on the server, counted by inspect()
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
          Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS, Capability.SCAN,

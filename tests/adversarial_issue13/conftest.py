@@ -191,11 +191,7 @@ async def pw_url(pw_redis: RedisServer) -> AsyncIterator[str]:
 # Defects these tests found that are still open: test id (as pytest shows it, without the
 # file) -> the one-line symptom. Each is marked xfail(strict=True): the suite stays green,
 # the defect stays visible, and a fix turns the entry into an error to delete.
-KNOWN_DEFECTS: dict[str, str] = {
-    "test_ls_counts_waiter_on_holders_connection":
-        "ls/top WAIT is 0 while tasks of the holder's own connection wait for the lock "
-        "(queued locally, never counted on the server); a waiter on another connection counts",
-}
+KNOWN_DEFECTS: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

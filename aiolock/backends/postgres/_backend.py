@@ -32,6 +32,7 @@ class PostgresBackend(SQLBackend):
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
+    counts_waiting = True  # its waiters keep a place on the server, counted by inspect()
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
          Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS, Capability.SCAN,

@@ -50,6 +50,7 @@ class ZooKeeperBackend(_Acquire):
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("zookeeper", "zk")
+    counts_waiting = True  # its waiters keep a place on the server, counted by inspect()
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
          Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS, Capability.SCAN,
