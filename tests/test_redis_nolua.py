@@ -1,4 +1,5 @@
-"""Redis without scripting (SPEC §6, issue 15): ``lock()`` as WATCH/MULTI/EXEC transactions.
+"""Redis without scripting (SPEC §6, issue 15): ``lock()`` and ``election()`` as WATCH/MULTI/EXEC
+transactions, with holders, ``scan`` and ``force_release`` (SPEC §7, §8).
 
 One redis-server of our own, with an ACL user that may run everything but scripts
 (``-@scripting``): its URL falls back by itself (``scripting=auto``, the default); the
@@ -9,6 +10,7 @@ it the Lua scripts, on the same keys -- so the two paths are tested against each
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import time
@@ -34,14 +36,16 @@ from .servers import RedisServer
 from .test_faults_redis import Procs, own_server  # noqa: F401 -- a fixture
 
 
-@pytest.fixture(scope="module")
-def server(acl_redis: PasswordRedis) -> PasswordRedis:  # noqa: F811
+# (fixtures named apart from their functions: tests/test_redis_nolua_coordination.py
+# imports the functions)
+@pytest.fixture(scope="module", name="server")
+def acl_server(acl_redis: PasswordRedis) -> PasswordRedis:  # noqa: F811
     """Users: default (everything), noscript (all but @scripting), nothing (no command)."""
     return acl_redis
 
 
-@pytest.fixture
-def nolua(server: PasswordRedis) -> str:
+@pytest.fixture(name="nolua")
+def nolua_url(server: PasswordRedis) -> str:
     """The ACL user without @scripting: falls back on its own."""
     return f"redis://noscript:{SECRET}@127.0.0.1:{server.port}/0"
 
@@ -54,8 +58,9 @@ def off(server: PasswordRedis, request: pytest.FixtureRequest) -> str:
     return f"redis://127.0.0.1:{server.port}/0?scripting=off{query}"
 
 
-@pytest.fixture
-def lua(server: PasswordRedis) -> str:
+@pytest.fixture(name="lua")
+def lua_url(server: PasswordRedis) -> str:
+    """The default user, on the Lua scripts."""
     return f"redis://127.0.0.1:{server.port}/0"
 
 
@@ -86,7 +91,8 @@ async def test_refused_scripts_fall_back_to_transactions(
     async with asyncio.timeout(10), aiolock.connect(nolua + query) as locks:
         assert type(locks.backend) is RedisTxnBackend
         assert locks.capabilities == {Capability.EVENTS, Capability.EXPIRY,
-                                      Capability.DISTRIBUTED, Capability.HOLDERS}
+                                      Capability.DISTRIBUTED, Capability.HOLDERS,
+                                      Capability.SCAN, Capability.REVOKE, Capability.ELECTION}
         for unsupported in (lambda: locks.rwlock(name), lambda: locks.semaphore(name, 2),
                             lambda: locks.lock(name, fair=True)):
             with pytest.raises(ValueError, match="not supported"):
@@ -109,6 +115,18 @@ async def test_fallback_without_async_with(nolua: str, name: str) -> None:
             assert type(locks.backend) is RedisTxnBackend
             await first.release()
             await second.release()
+    finally:
+        await locks.aclose()
+
+
+async def test_revocation_decides_without_async_with(nolua: str, name: str) -> None:
+    """force_release() (an operator's first request, no connect()) decides the path
+    rather than running the refused script."""
+    locks = aiolock.connect(nolua)
+    try:
+        async with asyncio.timeout(10):
+            assert await locks.lock(name).force_release() is False
+            assert type(locks.backend) is RedisTxnBackend
     finally:
         await locks.aclose()
 
@@ -472,12 +490,15 @@ async def test_each_path_sees_the_other(off: str, lua: str, name: str) -> None:
 
 async def test_release_wakes_a_waiter_of_the_other_path(off: str, lua: str, name: str) -> None:
     """ttl 30 s: without a signal a waiter would wait up to 10 s. A transaction release
-    hands the lock to the Lua path's registered waiter; a Lua release (nobody
-    registered) signals the lock's channel, where the transaction path listens."""
+    hands the lock (or the leadership) to the Lua path's registered waiter; a Lua release
+    (nobody registered) signals the lock's channel, where the transaction path listens."""
     async with asyncio.timeout(20), aiolock.connect(off) as tx, aiolock.connect(lua) as ls:
-        for holder, waiter in ((tx, ls), (ls, tx)):
-            lease = await holder.lock(name, ttl=30).acquire()
-            waiting = asyncio.create_task(waiter.lock(name, ttl=30).acquire(timeout=5))
+        for (holder, waiter), make in itertools.product(
+                ((tx, ls), (ls, tx)),
+                (lambda c: c.lock(name, ttl=30),
+                 lambda c: c.election(name, ttl=30).campaign(data="next"))):
+            lease = await make(holder).acquire()
+            waiting = asyncio.create_task(make(waiter).acquire(timeout=5))
             await asyncio.sleep(0.3)  # registered / subscribed
             await lease.release()
             started = time.monotonic()
@@ -522,7 +543,7 @@ async def test_release_hands_over_to_a_registered_waiter(
 #: gives it (the words after ``user NAME on >PASSWORD``).
 LEAST = ("~aiolock:* resetchannels &aiolock:* -@all +ping +watch +unwatch +multi "
          "+exec +get +set +mget +incr +del +hget +hmget +hset +pttl +pexpire +lrange +ltrim "
-         "+llen +time +publish +subscribe +unsubscribe")
+         "+llen +time +publish +subscribe +unsubscribe +scan +zrange +hgetall")
 
 
 def test_least_privileges_are_documented() -> None:
@@ -544,6 +565,12 @@ async def test_least_privileges(server: PasswordRedis, admin: Any, name: str) ->
         second = await waiting
         assert second.token > lease.token
         await second.release()
+        assert not (await locks.status(name, Kind.READ)).held  # (a Lua rwlock's keys)
+        term = await locks.election(name, ttl=5).campaign(data="a").acquire()
+        await term.proclaim("b")
+        assert [i.name async for i in other.scan(name)] == [name]
+        assert await other.election(name).campaign().force_release() is True
+        await term.release()
 
 
 async def test_no_script_ever_runs_with_scripting_off(server: PasswordRedis, name: str) -> None:
@@ -555,6 +582,11 @@ async def test_no_script_ever_runs_with_scripting_off(server: PasswordRedis, nam
             async with locks.lock(name, ttl=1):
                 await asyncio.sleep(0.5)  # a renewal
             await locks.status(name)
+            term = await locks.election(name).campaign().acquire()
+            await term.proclaim("x")
+            assert [i.family async for i in locks.scan(name)] == ["elect"]
+            assert await locks.election(name).campaign().force_release()
+            await term.release()  # (revoked: a no-op)
         stats = await admin.info("commandstats")
     finally:
         await admin.aclose()

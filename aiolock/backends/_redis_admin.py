@@ -10,16 +10,19 @@ server's own clock, so ``Holder.since`` does not depend on the client's.
 
 :func:`scan` walks the keyspace with ``SCAN ... MATCH`` (never ``KEYS``: it does not
 block the server), on every master of a Cluster, and reports each name that has a lock
-hash or a live shared holder. :func:`force_release` runs ``REVOKE``: every holder is
-removed and marked revoked (their next renewal answers :data:`aiolock.abc.REVOKED`), the
-token counter is left alone, and the waiters are woken -- a plain lock or an election is
-handed to its first registered waiter, as a release would.
+hash or a live shared holder, as the backend's own ``inspect`` reads it: the transaction
+path (:mod:`aiolock.backends._redis_txn_ops`) scans with this code too, and reads its
+values into the replies :func:`lock_info` takes, so both paths list the same data
+alike. :func:`force_release` runs ``REVOKE``: every holder is removed and marked revoked
+(their next renewal answers :data:`aiolock.abc.REVOKED`), the token counter is left
+alone, and the waiters are woken -- a plain lock or an election is handed to its first
+registered waiter, as a release would.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._holder import decode_holder
@@ -30,7 +33,8 @@ from ._redis_scripts_shared import INSPECT_SHARED
 if TYPE_CHECKING:
     from .redis import RedisBackend
 
-__all__ = ["REVOKE", "SET_INFO", "force_release", "inspect", "scan", "set_info"]
+__all__ = ["REVOKED_KEEP_MS", "REVOKE", "SET_INFO", "force_release", "inspect", "lock_info",
+           "scan", "set_info"]
 
 #: How long a revoked holder's renewal still answers "revoked" (ms), at least.
 REVOKED_KEEP_MS = 60_000
@@ -101,13 +105,20 @@ def _seconds(ms: Any) -> float | None:
 async def inspect(backend: RedisBackend, name: str, kind: Kind) -> LockInfo:
     """Who holds ``name`` in ``kind``'s family now, with every holder's record."""
     keys = backend._keys(name, "-", kind)
+    script = INSPECT if kind in (Kind.LOCK, Kind.LEADER) else INSPECT_SHARED
+    return lock_info(name, kind, await backend._run(script, keys))
+
+
+def lock_info(name: str, kind: Kind, reply: Sequence[Any]) -> LockInfo:
+    """The :class:`LockInfo` of an ``INSPECT`` reply (a plain lock or an election) or an
+    ``INSPECT_SHARED`` one (a read-write lock or a semaphore); the transaction path
+    (:mod:`aiolock.backends._redis_txn_ops`) reads the same values into the same shape."""
     family = kind.family
     if kind in (Kind.LOCK, Kind.LEADER):
-        owner, token, pttl, last, queued, info, held = await backend._run(INSPECT, keys)
+        owner, token, pttl, last, queued, info, held = reply
         shared, shared_left, records = 0, -1, []
     else:
-        (owner, token, pttl, last, queued, shared, shared_left, info, held,
-         records) = await backend._run(INSPECT_SHARED, keys)
+        owner, token, pttl, last, queued, shared, shared_left, info, held, records = reply
     writer = bool(owner)
     holders = int(writer) + int(shared)
     lefts = [int(pttl)] if writer and int(pttl) >= 0 else []
@@ -167,8 +178,8 @@ def parse_key(backend_prefix: str, key: str) -> tuple[str, str] | None:
 
 
 async def scan(backend: RedisBackend, prefix: str) -> AsyncIterator[LockInfo]:
-    """Every name starting with ``prefix`` held now, any family, as :func:`inspect`
-    reports it."""
+    """Every name starting with ``prefix`` held now, any family, as ``backend.inspect``
+    reports it (the Lua path's :func:`inspect`, or the transaction path's reads)."""
     from .redis import redis_key_part
 
     seen: set[tuple[str, str]] = set()
@@ -179,6 +190,6 @@ async def scan(backend: RedisBackend, prefix: str) -> AsyncIterator[LockInfo]:
         if found is None or found in seen or not found[1].startswith(prefix):
             continue
         seen.add(found)
-        info = await inspect(backend, found[1], FAMILY_KIND[found[0]])
+        info = await backend.inspect(found[1], FAMILY_KIND[found[0]])  # (either path's)
         if info.held:
             yield info

@@ -1,4 +1,4 @@
-"""Redis without scripting: ``lock()`` as optimistic ``WATCH``/``MULTI``/``EXEC`` transactions.
+"""Redis without scripting: ``lock()`` and ``election()`` as ``WATCH``/``MULTI``/``EXEC`` transactions.
 
 ``redis://...?scripting=off`` builds :class:`RedisTxnBackend`; ``scripting=auto`` (the
 default) builds :class:`AutoRedisBackend`, which becomes a plain
@@ -8,7 +8,8 @@ the server loads the Lua scripts, and a :class:`RedisTxnBackend` if it refuses t
 away); ``scripting=on`` never falls back.
 
 The keys are the Lua path's (see :mod:`aiolock.backends._redis_scripts`), so a lock held
-through one path is held for the other: the lock hash ``<prefix>:lock:{<name>}`` (fields
+through one path is held for the other: the lock hash ``<prefix>:lock:{<name>}`` (an
+election's: ``<prefix>:elect:{<name>}``, the same transactions on its own keys; fields
 ``owner``, ``token``, ``info``, ``since``; expires with the lease), the token counter
 ``...:seq`` (never expires) and, read only to hand the lock over, the Lua path's waiting
 queue ``...:q`` (entries ``<owner>|<registration>``) and waiter keys ``...:x:<owner>``.
@@ -20,25 +21,28 @@ and releases in slots of their own (:data:`URGENT`):
   and ``TIME`` (one round trip: all if the lock is held); if the lock is free,
   ``MULTI``, ``INCR`` the counter, ``HSET`` owner, holder record and the token (the
   counter's value + 1: it is watched, so that is what ``INCR`` returns), ``PEXPIRE``,
-  ``EXEC`` (a second). An aborted ``EXEC`` (another client changed a watched key) is
-  retried up to :data:`MAX_CONFLICTS` times, then answered :class:`~aiolock.abc.Busy`:
-  the core's waiting retries;
+  ``EXEC`` (a second; an election's grant also publishes ``|`` on its channel, for its
+  observers). An aborted ``EXEC`` (another client changed a watched key) is retried up
+  to :data:`MAX_CONFLICTS` times, then answered :class:`~aiolock.abc.Busy`: the core's
+  waiting retries;
 * renew: ``WATCH`` every claim's hash, read their owners, ``PEXPIRE`` those still held in
-  one ``MULTI``/``EXEC``;
+  one ``MULTI``/``EXEC``; a claim no longer held whose waiter key carries the revocation
+  mark ``v`` (``force_release`` on either path) is answered :data:`~aiolock.abc.REVOKED`;
 * release: ``WATCH`` the hash, the counter and the queue; if this owner holds it, hand it
   to the first live waiter of the Lua path (as its ``RELEASE`` does: new token, message
-  on that waiter's inbox), else ``DEL`` it and publish ``<owner>|`` on the lock's
-  channel, where the waiters of this path (and the Lua path's non-registering
-  listeners) listen;
+  on that waiter's inbox; an election also publishes ``|`` on its channel), else ``DEL``
+  it and publish ``<owner>|`` on the lock's channel, where the waiters of this path (and
+  the Lua path's non-registering listeners, an election's observers) listen;
 * abandon: the Lua path's tombstone on the claim's waiter key first (an acquire in
   flight watches that key: it cannot grant after), then a release;
-* inspect: one ``MULTI``/``EXEC`` of reads.
+* inspect, scan, force_release and set_info (an elected leader's ``proclaim``): see
+  :mod:`aiolock.backends._redis_txn_ops`.
 
 Trade-offs against the Lua path (docs/backends/redis-noscripting.md has figures): two
 round trips per uncontended acquisition instead of one; waiters are not registered on the
 server, so a release wakes every process waiting for the lock (each retries, one wins,
-the others' ``EXEC`` may abort); not fair; no read-write locks, semaphores, elections,
-listing or revocation (the capabilities say so). Holder records are kept: the lock
+the others' ``EXEC`` may abort); not fair (an election's candidates neither); no
+read-write locks or semaphores (the capabilities say so). Holder records are kept: the lock
 hash's ``info`` and ``since`` (server ms of the grant, from ``TIME``) fields, as the Lua
 path keeps them (it may also leave ``gttl``, the lease's ms at a grant, which
 ``inspect`` reads too).
@@ -56,11 +60,14 @@ from typing import Any, ClassVar
 
 from redis import exceptions as rexc
 
-from .._holder import decode_holder
 from ..abc import REVOKED, Busy, Capability, Claim, Granted, Kind, LockInfo
 from ..errors import BackendUnavailable, LockError
+from . import _redis_txn_ops
 from ._redis_errors import CONNECTING, redis_error
 from ._redis_lend import ABORTED, Connections, Lent
+from ._redis_txn_ops import HELD_IN_HASH
+from ._redis_txn_ops import ms as _ms
+from ._redis_txn_ops import text as _text
 from ._resp import RespClient, ResponseError
 from .redis import TOMBSTONE_MS, RedisBackend, warn_foreign_key
 
@@ -91,11 +98,13 @@ class RedisTxnBackend(RedisBackend):
     """Plain locks on one Redis server without Lua: ``WATCH``/``MULTI``/``EXEC``.
 
     ``aiolock.connect("redis://host:port/db?scripting=off")``, or automatically where the
-    server refuses scripts (see the module doc). ``lock()`` only, not fair.
+    server refuses scripts (see the module doc). ``lock()`` and ``election()`` (with
+    holders, ``scan`` and ``force_release``), not fair; no read-write locks or semaphores.
     """
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS}
+        {Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS,
+         Capability.SCAN, Capability.REVOKE, Capability.ELECTION}
     )
     handoffs = False  # waiters listen on the lock's own channel, not on an inbox
     counts_waiting = False  # its waiters keep no place on the server
@@ -154,12 +163,13 @@ class RedisTxnBackend(RedisBackend):
     # -- acquire --------------------------------------------------------------------------
 
     async def try_acquire(self, claim: Claim) -> Granted | Busy:
-        if claim.kind is not Kind.LOCK:
+        if claim.kind not in HELD_IN_HASH:
             raise LockError(f"{claim.kind.value} claims need Lua scripts ({self._url} runs "
-                            "without them: lock() only)")
+                            "without them: lock() and election() only)")
         if not self._probed:
             await self._probe()
-        base = self._base(claim.name)
+        base = self._base(claim.name, claim.kind)
+        announce = (("PUBLISH", base, "|"),) if claim.kind is Kind.LEADER else ()
         seq, mine = base + ":seq", base + ":x:" + claim.owner
         async with self._tx_lent("WATCH/MULTI/EXEC acquire") as conn:
             for _ in range(MAX_CONFLICTS):
@@ -179,7 +189,7 @@ class RedisTxnBackend(RedisBackend):
                     ("MULTI",), ("INCR", seq),
                     ("HSET", base, "owner", claim.owner, "token", token, "info", claim.info,
                      "since", _ms(now)),
-                    ("PEXPIRE", base, claim.ttl_ms), ("EXEC",),
+                    ("PEXPIRE", base, claim.ttl_ms), *announce, ("EXEC",),
                 )
                 if done is not ABORTED:
                     if int(done[0]) != token:
@@ -256,8 +266,9 @@ class RedisTxnBackend(RedisBackend):
     # -- release --------------------------------------------------------------------------
 
     async def release(self, claim: Claim) -> bool:
-        base = self._base(claim.name)
-        noted = self.signals.note_local_release(base, claim.owner)
+        base = self._base(claim.name, claim.kind)
+        # (an election's release wakes this process's observers too: no echo dropped)
+        noted = claim.kind is Kind.LOCK and self.signals.note_local_release(base, claim.owner)
         released = freed = False
         try:
             released, freed = await self._tx_release(claim)
@@ -268,7 +279,7 @@ class RedisTxnBackend(RedisBackend):
 
     async def abandon(self, claim: Claim) -> None:
         tomb = max(TOMBSTONE_MS, 2 * claim.ttl_ms)
-        mine = self._base(claim.name) + ":x:" + claim.owner
+        mine = self._base(claim.name, claim.kind) + ":x:" + claim.owner
         await self._tx_release(claim, first=("SET", mine, "a", "PX", tomb))
 
     async def _tx_release(
@@ -277,7 +288,7 @@ class RedisTxnBackend(RedisBackend):
         """Release ``claim`` if it holds (after ``first``, a command sent before the
         WATCH): hand the lock to the Lua path's first live waiter, or free it and say so
         on the lock's channel. (released, freed)."""
-        base = self._base(claim.name)
+        base = self._base(claim.name, claim.kind)
         seq, queue = base + ":seq", base + ":q"
         async with self._tx_lent("WATCH/MULTI/EXEC release", urgent=True) as conn:
             for _ in range(2 * MAX_CONFLICTS):
@@ -296,19 +307,23 @@ class RedisTxnBackend(RedisBackend):
                 if owner is None or _text(owner) != claim.owner:
                     await conn.unwatch()
                     return False, False
-                plan = await self._tx_plan(conn, base, claim.owner, waiting, last)
+                plan, freed = await self._tx_plan(conn, base, claim.owner, waiting, last,
+                                                  announce=claim.kind is Kind.LEADER)
                 *_, done = await conn.run(("MULTI",), *plan, ("EXEC",))
                 if done is not ABORTED:
-                    return True, plan[-1][1] == base
+                    return True, freed
                 self.conflicts += 1
         raise BackendUnavailable(f"the release of {claim.name!r} on {self._url} kept "
                                  f"conflicting with other clients")
 
     async def _tx_plan(
-        self, conn: Lent, base: str, me: str, waiting: list[Any], last: Any,
-    ) -> list[tuple[Any, ...]]:
-        """The commands of a release inside MULTI: to the first live waiter of the Lua
-        path if any (its waiter key now watched too), else free."""
+        self, conn: Lent, base: str, me: str, waiting: list[Any], last: Any, *,
+        announce: bool = False,
+    ) -> tuple[list[tuple[Any, ...]], bool]:
+        """The commands of a release (or a revocation: ``me`` "") inside MULTI, and
+        whether they free the lock: to the first live waiter of the Lua path if any (its
+        waiter key now watched too; ``announce``: also ``|`` on the lock's channel, for
+        an election's observers), else free."""
         queue, plan = base + ":q", []
         if waiting:
             names = [_text(w).partition("|")[0] for w in waiting]  # <owner>|<registration>
@@ -325,32 +340,21 @@ class RedisTxnBackend(RedisBackend):
                     ("HSET", base, "owner", name, "token", token, "info", info,
                      "since", _ms(now)),
                     ("PEXPIRE", base, ttl), ("PUBLISH", inbox, f"{base}|{name}|{token}"),
-                ]
+                    *((("PUBLISH", base, "|"),) if announce else ()),
+                ], False
             plan.append(("LTRIM", queue, len(names), -1))  # none alive among them
-        return [*plan, ("DEL", base), ("PUBLISH", base, f"{me}|")]
+        return [*plan, ("DEL", base), ("PUBLISH", base, f"{me}|")], True
 
-    # -- inspect --------------------------------------------------------------------------
+    # -- holders, listing, revocation, proclaim (see _redis_txn_ops) ----------------------
 
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
-        if kind is not Kind.LOCK:
-            raise ValueError(f"{self._url} runs without Lua scripts: only lock() names can "
-                             f"be inspected, got kind {kind.value!r}")
-        base = self._base(name)
-        async with self._tx_lent("MULTI/EXEC inspect") as conn:
-            *_, done = await conn.run(
-                ("MULTI",), ("HMGET", base, "owner", "token", "info", "since", "gttl"),
-                ("PTTL", base), ("GET", base + ":seq"), ("LLEN", base + ":q"), ("TIME",),
-                ("EXEC",),
-            )
-        (owner, token, info, since, gttl), pttl, last, queued, now = done
-        held = owner is not None
-        held_for = _held_for(since, gttl, int(pttl), _ms(now))
-        return LockInfo(
-            name, held, holders=int(held), token=int(token) if held else None,
-            last_token=int(last) if last is not None else None,
-            ttl_left=int(pttl) / 1000 if held and int(pttl) >= 0 else None, waiters=int(queued),
-            held_by=(decode_holder(info, held_for),) if held else (),
-        )
+        return await _redis_txn_ops.inspect(self, name, kind)
+
+    async def set_info(self, claim: Claim) -> bool:
+        return await _redis_txn_ops.set_info(self, claim)
+
+    async def force_release(self, name: str, kind: Kind = Kind.LOCK) -> bool:
+        return await _redis_txn_ops.force_release(self, name, kind)
 
 
 class AutoRedisBackend(RedisBackend):
@@ -376,6 +380,15 @@ class AutoRedisBackend(RedisBackend):
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
         await self._decide()
         return await self.inspect(name, kind)
+
+    async def force_release(self, name: str, kind: Kind = Kind.LOCK) -> bool:
+        await self._decide()
+        return await self.force_release(name, kind)
+
+    async def scan(self, prefix: str = "") -> AsyncIterator[LockInfo]:
+        await self._decide()
+        async for info in self.scan(prefix):  # the class it became
+            yield info
 
     async def _decide(self) -> None:
         async with self._deciding:
@@ -410,8 +423,8 @@ class AutoRedisBackend(RedisBackend):
         except LockError:
             _become(self, AutoRedisBackend)  # undecided: the next request asks again
             raise refusal from refusal.__cause__
-        log.info("Redis at %s refuses Lua scripts (%s): lock() runs as WATCH/MULTI/EXEC "
-                 "transactions (not fair; no rwlock, semaphore or election)",
+        log.info("Redis at %s refuses Lua scripts (%s): lock() and election() run as "
+                 "WATCH/MULTI/EXEC transactions (not fair; no rwlock or semaphore)",
                  self._url, refusal.__cause__ or refusal)
 
 
@@ -452,24 +465,3 @@ def _registration(value: Any) -> tuple[int, str, str] | None:
         return int(found[1]), found[3][:n], found[3][n:]
     old = _REGISTRATION_V1.match(text)
     return (int(old[1]), old[2], "") if old is not None else None
-
-
-def _held_for(since: Any, gttl: Any, pttl: int, now: int) -> float | None:
-    """Seconds a lock hash's holder has held it: from ``since`` (server ms of the grant),
-    or, where the Lua path granted it without reading the clock, from ``gttl`` (the
-    lease's ms at the grant) and the ms left; None if neither is known."""
-    if since is not None:
-        return max(now - int(since), 0) / 1000
-    if gttl is not None and pttl >= 0:
-        return max(int(gttl) - pttl, 0) / 1000
-    return None
-
-
-def _ms(time_reply: Any) -> int:
-    """A ``TIME`` reply (seconds, microseconds) in milliseconds."""
-    return int(time_reply[0]) * 1000 + int(time_reply[1]) // 1000
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
