@@ -54,6 +54,29 @@ async def test_every_reader_and_permit_is_listed(locks: aiolock.Locks, name: str
             await p.release()
 
 
+async def test_since_is_the_current_holders_after_a_hand_over(
+    locks: aiolock.Locks, backend_url: str, name: str,
+) -> None:
+    """A lock handed from a holder that was renewed to a waiter: the new holder's
+    ``since`` counts from its own grant, not the previous holder's."""
+    need(locks, Capability.HOLDERS)
+    async with aiolock.connect(backend_url) as other:
+        first = await locks.lock(name, ttl=0.6).acquire()
+        waiting = asyncio.create_task(other.lock(name, ttl=5, data="next").acquire())
+        await asyncio.sleep(0.45)  # past the first renewal (ttl/3)
+        await first.release()
+        second = await asyncio.wait_for(waiting, 5)
+        info = await locks.status(name)
+        (holder,) = info.held_by
+        await second.release()
+        assert holder.data == "next" and holder.since is not None, info
+        if locks.url.startswith(("zookeeper", "zk", "etcd")):
+            # known: their since counts from the node's/key's creation, when it queued
+            assert holder.since >= 0.35, "fixed on this backend: drop this branch"
+            pytest.xfail("ZooKeeper/etcd: since counts from when the claim queued")
+        assert holder.since < 0.35, info
+
+
 async def _waiters_become(locks: aiolock.Locks, name: str, count: int) -> aiolock.LockInfo:
     deadline = time.monotonic() + 3.0
     while True:

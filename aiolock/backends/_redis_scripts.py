@@ -7,7 +7,9 @@ the hash tag ``{<escaped name>}`` so they live in one cluster slot:
                               ``aiolock._holder``) and when it was granted: since
                               (server ms), or gttl (the lease's ms at the grant: held
                               for gttl - PTTL ms, until the first renewal sets since,
-                              so a grant needs no TIME); expires with the lease
+                              so a grant needs no TIME; a grant writes since '' --
+                              unknown -- so a hash handed over keeps no earlier
+                              holder's); expires with the lease
     KEYS[2]  token counter    INCR'ed per grant; never expires, so tokens never repeat
     KEYS[3]  queue            list of waiters, in arrival order: owner ids (read-write
                               locks, semaphores), ``<owner>|<registration>`` (plain
@@ -60,7 +62,7 @@ local function server_now()  -- ms on the server's clock
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function held_ms(since, gttl, pttl)  -- how long a lock hash's holder has held it
-  if since then return server_now() - tonumber(since) end
+  if since and since ~= '' then return server_now() - tonumber(since) end
   if gttl and pttl >= 0 then return math.max(tonumber(gttl) - pttl, 0) end
   return -1
 end
@@ -157,7 +159,9 @@ end
 local function queue_ttl(wttl) return math.max(24 * wttl, 600000) end
 local function take(owner, ttl, info, queued)
   local token = redis.call('incr', KEYS[2])
-  redis.call('hset', KEYS[1], 'owner', owner, 'token', token, 'info', info, 'gttl', ttl)
+  -- since '' (unknown until the first renewal): a hand-over keeps the hash, and with it
+  -- the previous holder's since, which would otherwise be taken for this grant's
+  redis.call('hset', KEYS[1], 'owner', owner, 'token', token, 'info', info, 'gttl', ttl, 'since', '')
   redis.call('pexpire', KEYS[1], ttl)
   if queued and token % 64 == 0 then redis.call('pexpire', KEYS[3], queue_ttl(ttl)) end
   return token
@@ -371,7 +375,7 @@ for i = 1, #KEYS / 2 do
     local lock = redis.pcall('hmget', key, 'owner', 'since', 'gttl')
     if lock.err then lock = {} end  -- not a hash: another client's value, not held
     if lock[1] == owner then
-      if not lock[2] and lock[3] then  -- the first renewal: fix the grant's time
+      if (not lock[2] or lock[2] == '') and lock[3] then  -- the first renewal: fix the grant's time
         redis.call('hset', key, 'since', now - (tonumber(lock[3]) - redis.call('pttl', key)))
       end
       redis.call('pexpire', key, ttl)

@@ -145,7 +145,7 @@ def _held_ms(since: Any, gttl: Any, pttl: int, now: int) -> int:
     """Ms a lock hash's holder has held it: from ``since`` (server ms of the grant), or,
     where the Lua path granted it without reading the clock, from ``gttl`` (the lease's
     ms at the grant) and the ms left; -1 if neither is known (the Lua ``held_ms``)."""
-    if since is not None:
+    if since:  # None, or '' (the Lua path's grant: unknown until its first renewal)
         return max(now - int(since), 0)
     if gttl is not None and pttl >= 0:
         return max(int(gttl) - pttl, 0)
