@@ -214,13 +214,7 @@ SLOW_TIER = {
 
 #: Known defects that can hang a test: id -> symptom. Each is xfail (not strict: it
 #: passes most runs) with a short timeout, so that a hang costs 30 s, not the run.
-KNOWN_HANGS = {
-    "tests/test_contract.py::test_random_cancellation_leaves_nothing_held[postgres-row]":
-        "PostgreSQL row mode, 50 tasks cancelled at random: now and then a claim granted by "
-        "its wait is found revoked, and giving it back hangs in ROLLBACK on its session "
-        "(_sql._give_back -> postgres _unlock); every local waiter then queues behind it "
-        "(about one run in three of this test; reproduced on e34a9e8 too)",
-}
+KNOWN_HANGS: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

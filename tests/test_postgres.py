@@ -327,6 +327,54 @@ async def test_row_mode_pool_of_n_holds_n_leases(pg: PostgresServer, name: str, 
         await leader.release()
 
 
+async def test_row_mode_wait_cut_off_in_its_begin_pools_no_transaction(
+        pg: PostgresServer, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queued wait cancelled while its ``BEGIN`` is on the wire: asyncpg still reports
+    the connection outside a transaction (the BEGIN completes on the server after the
+    cancel), so its clean-up must ROLLBACK whatever asyncpg says. It used to trust it:
+    the connection went back to the pool inside a transaction never committed, the next
+    grants recorded on it were seen by nobody (their holders found their leases revoked)
+    and kept the token row locked, and the name's waiters hung behind it (issue: the
+    random-cancellation contract test in row mode)."""
+    execute = asyncpg.Connection.execute
+    cut: list[asyncio.Task[object]] = []
+
+    async def cut_begin(conn: asyncpg.Connection, query: str, *args: object,
+                        **kwargs: object) -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        if (not cut and query.startswith("BEGIN")
+                and task.get_coro().__qualname__.endswith("._blocking_wait")):
+            cut.append(task)
+            task.cancel()  # lands once the BEGIN is sent, before its reply is read
+        return await execute(conn, query, *args, **kwargs)  # type: ignore[no-any-return]
+
+    url = pg.url + "?mode=row"
+    async with aiolock.connect(url) as locks, aiolock.connect(url) as holder:
+        lock = locks.lock(name, ttl=5)
+        held = await holder.lock(name, ttl=5).acquire(timeout=0)  # so the next one queues
+        monkeypatch.setattr(asyncpg.Connection, "execute", cut_begin)
+        waiting = asyncio.create_task(lock.acquire(timeout=10))
+        async with asyncio.timeout(5):
+            while not cut:
+                await asyncio.sleep(0.01)
+            await asyncio.wait(cut)  # its clean-up ran (the connection went back)
+        monkeypatch.undo()
+        pool = locks.backend._pool  # type: ignore[attr-defined]
+        assert not [c for c in pool._idle if c.is_in_transaction()], "pooled in a transaction"
+        others = [await locks.lock(f"{name}-{i}", ttl=5, data="other").acquire(timeout=0)
+                  for i in range(3)]  # grants recorded on pooled connections
+        for lease in others:
+            info = await locks.status(lease.name)
+            assert info.held and [h.data for h in info.held_by] == ["other"], info
+            await lease.release()
+        waiting.cancel()  # its wait was cut off by the test, not by a release: give up
+        await asyncio.gather(waiting, return_exceptions=True)
+        await held.release()
+        assert not await lock.locked()
+        assert not [c for c in pool._idle if c.is_in_transaction()]
+
+
 async def test_two_modes_keep_their_own_holder_records(pg: PostgresServer, name: str) -> None:
     """Advisory and row mode are two lock mechanisms: a name held in both at once keeps
     each holder's record, token and lease (renewals of either never revoke the other)."""

@@ -227,3 +227,31 @@ async def test_cancelled_wait_gives_back_what_it_got() -> None:
     assert backend.rows["n"].holder is None
     assert isinstance(await backend.try_acquire(_claim()), Granted)
     await backend.aclose()
+
+
+async def test_give_back_cut_off_drops_its_connection() -> None:
+    """A grant found revoked is given back inside ``try_acquire`` (the caller's task): a
+    cancel landing in that unlock drops the connection (the server frees what it held),
+    never leaves it out of the pool holding the lock for nobody."""
+    backend = FakeSQL()
+    claim = _claim()
+    st = backend._state(claim)
+    st.conn = conn = await backend._pool.get()  # as a granted wait hands it over
+    row = backend._row(st)
+    row.holder, row.revoked = conn.id, True
+    unlocking = asyncio.Event()
+
+    async def slow_unlock(conn: Any, claim: Claim, st: ClaimState) -> bool:
+        unlocking.set()
+        await asyncio.sleep(10)
+        return True
+
+    backend._unlock = slow_unlock  # type: ignore[method-assign]
+    task = asyncio.create_task(backend.try_acquire(claim))
+    await asyncio.wait_for(unlocking.wait(), 1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert conn.closed and st.conn is None
+    assert not backend._pool._out and backend._pool.free()  # its slot is back
+    await backend.aclose()

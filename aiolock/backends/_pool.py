@@ -15,13 +15,15 @@ __all__ = ["Pool"]
 class Pool:
     """A bounded set of connections; a held claim keeps one until it is released.
 
-    The driver's part comes in as three callables: ``alive(conn)`` (still usable?),
-    ``drop(conn)`` (close it now, without waiting) and ``close(conn)`` (close it politely,
-    awaited at :meth:`aclose`).
+    The driver's part comes in as three callables: ``alive(conn)`` (still usable, and
+    idle: no transaction left open on it?), ``drop(conn)`` (close it now, without waiting)
+    and ``close(conn)`` (close it politely, awaited at :meth:`aclose`).
 
-    Invariant: every connection lent out (in ``_out``) holds one of the ``size`` slots,
+    Invariants: every connection lent out (in ``_out``) holds one of the ``size`` slots,
     taken in :meth:`get` and given back exactly once, by :meth:`put` or :meth:`discard`;
-    an idle connection is never also lent out.
+    an idle connection is never also lent out; a connection is kept idle only while
+    ``alive`` says so: one put back inside a transaction is dropped (its session's locks
+    and uncommitted writes end with it), never lent to the next request.
     """
 
     def __init__(

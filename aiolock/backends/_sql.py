@@ -66,7 +66,7 @@ class SQLBackend(Backend):
         self._poll = number("poll_interval", poll_interval)
         #: how long to wait for a pooled connection
         self._pool_wait = wait
-        self._pool = Pool(self._new_connection, size, wait, url, alive=self._alive,
+        self._pool = Pool(self._new_connection, size, wait, url, alive=self._poolable,
                           drop=self._drop, close=self._close)
         self._schema_ready = False
         self._schema_lock = asyncio.Lock()
@@ -85,6 +85,12 @@ class SQLBackend(Backend):
     @staticmethod
     @abc.abstractmethod
     def _alive(conn: Any) -> bool: ...
+
+    @classmethod
+    def _poolable(cls, conn: Any) -> bool:
+        """May ``conn`` go back to the pool (or be lent from it): alive and idle. A
+        backend refines it where its client knows more (no transaction left open)."""
+        return cls._alive(conn)
 
     @staticmethod
     @abc.abstractmethod
@@ -390,11 +396,16 @@ class SQLBackend(Backend):
                 self._pool.discard(conn)
                 return False
             try:
-                released = await self._unlock(conn, claim, st)
-            except LockError as exc:
+                released = await self._unlock(conn, claim, st)  # bounded (request_timeout)
+            except BaseException as exc:
+                # failed, timed out or cut off by a cancel: its state is unknown, so the
+                # connection is dropped and the server frees what it held as the session
+                # ends (never kept out of the pool, holding the lock for nobody)
+                self._pool.discard(conn)
+                if not isinstance(exc, LockError):
+                    raise
                 if warn:
                     self._log.warning("could not release %r on %s: %s", claim.name, self._url, exc)
-                self._pool.discard(conn)  # the server frees it as the session ends
                 return False
             self._pool.put(conn)
             return released

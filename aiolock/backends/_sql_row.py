@@ -41,7 +41,7 @@ class RowMode(SQLBackend):
             return await self._pooled(fn)
         if self._books is None:
             self._books = Pool(self._new_connection, 1, self._pool_wait, self._url,
-                               alive=self._alive, drop=self._drop, close=self._close)
+                               alive=self._poolable, drop=self._drop, close=self._close)
         return await self._pooled(fn, pool=self._books)
 
     async def _close_extra(self) -> None:
@@ -77,8 +77,9 @@ class RowMode(SQLBackend):
             try:
                 st.slot, st.token = 0, await self._record(conn, claim)
             except BaseException:
-                with contextlib.suppress(Exception):
-                    await self._rollback(conn)
+                with contextlib.suppress(Exception):  # bounded; the caller drops conn anyway
+                    async with self._guard():
+                        await self._rollback(conn)
                 raise
         return got
 

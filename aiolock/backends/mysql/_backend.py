@@ -85,6 +85,10 @@ class MySQLBackend(SQLBackend):
     def _alive(conn: Any) -> bool:
         return bool(conn.connected)
 
+    @classmethod
+    def _poolable(cls, conn: Any) -> bool:
+        return bool(conn.connected) and not conn.get_transaction_status()
+
     @staticmethod
     def _drop(conn: Any) -> None:
         conn.close()

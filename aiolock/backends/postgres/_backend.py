@@ -44,6 +44,8 @@ class PostgresBackend(SQLBackend):
     _expiry_setting: ClassVar[str] = "idle_session_timeout"
     #: "session ``{pid}`` holds ``{key}``" in SQL (see :data:`_statements.HOLDS`)
     _holds: ClassVar[str] = sql.HOLDS
+    #: a claim's connection may be inside a transaction (row mode): see :meth:`_unlock`
+    _transactions: ClassVar[bool] = False
 
     def __init__(
         self, dsn: str, *, connect_timeout: float = 5.0, request_timeout: float = 5.0,
@@ -82,6 +84,11 @@ class PostgresBackend(SQLBackend):
     @staticmethod
     def _alive(conn: Any) -> bool:
         return not conn.is_closed()
+
+    @classmethod
+    def _poolable(cls, conn: Any) -> bool:
+        # asyncpg's transaction status is the server's, as of the last completed statement
+        return not conn.is_closed() and not conn.is_in_transaction()
 
     @staticmethod
     def _drop(conn: Any) -> None:
@@ -194,7 +201,14 @@ class PostgresBackend(SQLBackend):
     async def _unlock(self, conn: Any, claim: Claim, st: ClaimState | None) -> bool:
         signal = sql.signal_key(claim.kind, claim.name)
         async with self._guard():
-            if conn.is_in_transaction():  # row mode, or a statement cut off mid-way
+            # asyncpg's is_in_transaction() is the status after the last statement that
+            # *completed*: a BEGIN whose execute was cancelled (a wait cut off) still runs
+            # on the server, and only then opens the transaction. So where transactions
+            # are opened at all (row mode), ROLLBACK always: asyncpg first waits out the
+            # cancelled statement, and a ROLLBACK outside a transaction is only a warning.
+            # Else UNLOCK would run in that transaction, never committed, and the
+            # connection go back to the pool inside it.
+            if self._transactions or conn.is_in_transaction():
                 await conn.execute("ROLLBACK")
             await conn.fetchrow(sql.UNLOCK, claim.kind.family, claim.name, claim.owner,
                                 None if signal is None else str(signal))

@@ -36,6 +36,7 @@ class PostgresRowBackend(RowMode, PostgresBackend):
          Capability.SCAN, Capability.REVOKE, Capability.ELECTION}
     )
     _expiry_setting: ClassVar[str] = "idle_in_transaction_session_timeout"
+    _transactions: ClassVar[bool] = True
     _holds: ClassVar[str] = sql.ROW_HOLDS
 
     async def _lock_row(self, conn: Any, claim: Claim, *, nowait: bool) -> bool:
