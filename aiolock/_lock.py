@@ -252,7 +252,7 @@ class Lock:
         # Until it asks the server, the server cannot count it (see _Engine.unseen).
         failures = local.failures
         engine = self._engine
-        if not queued:
+        if not queued or self.kind not in engine.backend.waiting_counted:
             engine.unseen(local, self._key, claim, True)
         try:
             await self._within(local.turn.acquire(), deadline, wait)
@@ -294,7 +294,7 @@ class Lock:
         try:
             if wait == 0:  # one try, nothing to wait for (a fair claim may reach here)
                 queued = self.fair or self.kind is Kind.WRITE
-                if backend.counts_waiting:
+                if self.kind in backend.waiting_counted:
                     engine.unseen(local, self._key, claim, False)
                 result, sent = await self._attempt(claim, None, wait)
                 if isinstance(result, Granted):
@@ -314,7 +314,11 @@ class Lock:
                     skip = False
                     retry_after = local.retry_after()
                 else:
-                    if backend.counts_waiting:  # the server counts it from now on
+                    if deadline is not None and time.monotonic() >= deadline:
+                        # its wait ran out: a try now would only be cut off mid-flight
+                        # (and then abandoned on the server)
+                        raise self._timeout_error(wait)
+                    if self.kind in backend.waiting_counted:  # the server counts it now
                         engine.unseen(local, self._key, claim, False)
                     result, sent = await self._attempt(claim, deadline, wait)
                     if isinstance(result, Granted):

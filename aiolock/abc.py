@@ -248,11 +248,11 @@ class Backend(abc.ABC):
     #: were made (one pipelined connection). The core then wakes the next local waiter
     #: as soon as a release is *sent*: its acquire queues right behind the release.
     ordered: bool = False
-    #: True if :meth:`inspect` counts, in ``waiters``, every claim that asked while the
-    #: name was busy and still waits (the server keeps its place: a queue entry, a node,
-    #: a blocked lock request). The core then stops counting a local waiter in its
-    #: holder's record once it has asked (see ``_Engine.unseen``).
-    counts_waiting: ClassVar[bool] = False
+    #: The kinds whose claims :meth:`inspect` counts in ``waiters`` once they asked while
+    #: the name was busy and still wait (the server keeps their place: a queue entry, a
+    #: node, a blocked lock request). The core counts a local waiter of another kind in
+    #: its holder's record as long as it waits (see ``_Engine.unseen``).
+    waiting_counted: ClassVar[frozenset[Kind]] = frozenset()
 
     @property
     @abc.abstractmethod
@@ -300,8 +300,11 @@ class Backend(abc.ABC):
         """Report who holds ``name`` now."""
 
     async def set_info(self, claim: Claim) -> bool:
-        """Store ``claim.info`` as the record of the held ``claim`` and wake the name's
-        listeners; False if it is no longer held. (``Capability.ELECTION``)"""
+        """Store ``claim.info`` as the record of the held ``claim`` and, for a
+        ``Kind.LEADER`` claim (a proclaim), wake the name's listeners (an election's
+        observers; the core also rewrites a lock's record to count the tasks queued behind
+        it here, and that must not wake waiters); False if it is no longer held.
+        (``Capability.ELECTION``)"""
         raise NotImplementedError(f"{type(self).__name__} does not keep holder records")
 
     async def force_release(self, name: str, kind: Kind = Kind.LOCK) -> bool:

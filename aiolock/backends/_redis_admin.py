@@ -75,9 +75,10 @@ end
 return revoked
 """)
 
-#: SET_INFO -- replace a held claim's holder record and wake the name's listeners.
+#: SET_INFO -- replace a held claim's holder record (and wake the name's listeners).
 #: KEYS     all seven   ARGV[1] owner id   ARGV[2] the new record
 #: ARGV[3]  'h': held in the lock hash KEYS[1]; 'z': a shared holder (KEYS[6], KEYS[7])
+#: ARGV[4]  '1': announce it on KEYS[1] (a proclaim: an election's observers listen)
 #: returns  1 if it is held (and now carries the record), else 0
 SET_INFO = Script("set_info", LIB + """
 local owner = ARGV[1]
@@ -91,7 +92,7 @@ else
   if not token then return 0 end
   redis.call('hset', KEYS[7], owner, token .. '|' .. since .. '|' .. ARGV[2])
 end
-redis.call('publish', KEYS[1], '|')
+if ARGV[4] == '1' then redis.call('publish', KEYS[1], '|') end
 return 1
 """)
 
@@ -136,10 +137,12 @@ def lock_info(name: str, kind: Kind, reply: Sequence[Any]) -> LockInfo:
 
 
 async def set_info(backend: RedisBackend, claim: Claim) -> bool:
-    """Store ``claim.info`` as the held claim's record; wake the name's listeners."""
+    """Store ``claim.info`` as the held claim's record; a proclaim wakes the name's
+    listeners."""
     mode = "h" if claim.kind.exclusive else "z"
     keys = backend._keys(claim.name, claim.owner, claim.kind)
-    return int(await backend._run(SET_INFO, keys, claim.owner, claim.info, mode)) == 1
+    announce = "1" if claim.kind is Kind.LEADER else "0"
+    return int(await backend._run(SET_INFO, keys, claim.owner, claim.info, mode, announce)) == 1
 
 
 async def force_release(backend: RedisBackend, name: str, kind: Kind) -> bool:

@@ -107,7 +107,7 @@ class RedisTxnBackend(RedisBackend):
          Capability.SCAN, Capability.REVOKE, Capability.ELECTION}
     )
     handoffs = False  # waiters listen on the lock's own channel, not on an inbox
-    counts_waiting = False  # its waiters keep no place on the server
+    waiting_counted: ClassVar[frozenset[Kind]] = frozenset()  # its waiters keep no place
     #: aborted ``EXEC`` (conflicts with another client) since this backend was made
     conflicts: int = 0
 

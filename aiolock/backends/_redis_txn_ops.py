@@ -132,8 +132,9 @@ async def set_info(backend: RedisTxnBackend, claim: Claim) -> bool:
             if owner is None or text(owner) != claim.owner:
                 await conn.unwatch()
                 return False
+            announce = [("PUBLISH", base, "|")] if claim.kind is Kind.LEADER else []
             *_, done = await conn.run(("MULTI",), ("HSET", base, "info", claim.info),
-                                      ("PUBLISH", base, "|"), ("EXEC",))
+                                      *announce, ("EXEC",))
             if done is not ABORTED:
                 return True
             backend.conflicts += 1

@@ -107,7 +107,9 @@ async def inspect(node: RedisBackend, name: str, kind: Kind) -> NodeView:
 
 
 async def set_info(node: RedisBackend, claim: Claim) -> bool:
-    return int(await node._run(lua.SET_INFO, _claim_keys(node, claim)[:1], claim.owner, claim.info)) == 1
+    announce = "1" if claim.kind is Kind.LEADER else "0"
+    return int(await node._run(lua.SET_INFO, _claim_keys(node, claim)[:1], claim.owner, claim.info,
+                               announce)) == 1
 
 
 async def revoke(node: RedisBackend, name: str, kind: Kind) -> bool:

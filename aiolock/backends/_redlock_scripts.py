@@ -105,12 +105,12 @@ return {h[1] or '', tonumber(h[2] or '-1'), redis.call('pttl', KEYS[1]), last, h
 """)
 
 #: SET_INFO -- replace the holder record of the claim that holds the name here.
-#: ARGV[1]  owner id   ARGV[2]  holder record
-#: returns  1 if this owner holds it (record replaced, listeners told), else 0
+#: ARGV[1]  owner id   ARGV[2]  holder record   ARGV[3]  '1': tell the listeners (a proclaim)
+#: returns  1 if this owner holds it (record replaced), else 0
 SET_INFO = Script("redlock_set_info", """
 if redis.call('hget', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
 redis.call('hset', KEYS[1], 'info', ARGV[2])
-redis.call('publish', KEYS[1], '|')
+if ARGV[3] == '1' then redis.call('publish', KEYS[1], '|') end
 return 1
 """)
 

@@ -490,5 +490,6 @@ class SQLBackend(Backend):
                 st.conn = None
                 self._pool.discard(conn)
                 return False
-        self._signal(claim)
+        if claim.kind is Kind.LEADER:  # a proclaim: the observers listen
+            self._signal(claim)
         return kept

@@ -88,6 +88,9 @@ class MemoryBackend(Backend):
     """In-process backend; ``MemoryBackend("name")`` shares the store ``memory://name``."""
 
     schemes: ClassVar[tuple[str, ...]] = ("memory",)
+    # writers and candidates keep a place in the queue (readers behind a writer, locks
+    # and permits only listen)
+    waiting_counted: ClassVar[frozenset[Kind]] = frozenset({Kind.WRITE, Kind.LEADER})
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
          Capability.EXPIRY, Capability.HOLDERS, Capability.SCAN, Capability.REVOKE,
@@ -237,7 +240,8 @@ class MemoryBackend(Backend):
         if res is None or holder is None or holder.expires_at <= time.monotonic():
             return False
         holder.info = claim.info
-        res.wake()
+        if claim.kind is Kind.LEADER:  # a proclaim: the observers listen
+            res.wake()
         return True
 
     async def force_release(self, name: str, kind: Kind = Kind.LOCK) -> bool:

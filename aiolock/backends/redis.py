@@ -89,7 +89,8 @@ class RedisBackend(Backend):
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss", "unix")
-    counts_waiting = True  # its waiters keep a place on the server, counted by inspect()
+    # plain locks, writers and candidates keep a place in the queue that inspect() counts
+    waiting_counted: ClassVar[frozenset[Kind]] = frozenset({Kind.LOCK, Kind.WRITE, Kind.LEADER})
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
          Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS, Capability.SCAN,

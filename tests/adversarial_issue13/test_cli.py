@@ -22,7 +22,7 @@ from ..servers import RedisServer, free_port
 from .conftest import ROOT, SECRET, cli, cli_env
 
 LS_KEYS = {"name", "kind", "token", "last_token", "ttl_left", "waiters", "holders"}
-HOLDER_KEYS = {"host", "pid", "task", "data", "since"}
+HOLDER_KEYS = {"host", "pid", "task", "data", "since", "waiting"}  # waiting: since Holder.waiting
 
 
 def prefix() -> str:

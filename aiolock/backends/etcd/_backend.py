@@ -38,6 +38,7 @@ class EtcdBackend(Operators, Backend):
     """Locks on an etcd v3 cluster (or one member). See the package doc."""
 
     schemes: ClassVar[tuple[str, ...]] = ("etcd",)
+    waiting_counted: ClassVar[frozenset[Kind]] = frozenset(Kind)  # every waiter has its key
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
          Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS, Capability.SCAN,

@@ -32,7 +32,8 @@ class PostgresBackend(SQLBackend):
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
-    counts_waiting = True  # its waiters keep a place on the server, counted by inspect()
+    # a blocked lock request (semaphores poll)
+    waiting_counted: ClassVar[frozenset[Kind]] = frozenset({Kind.LOCK, Kind.WRITE, Kind.READ, Kind.LEADER})
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
          Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS, Capability.SCAN,

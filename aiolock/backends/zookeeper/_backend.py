@@ -50,7 +50,7 @@ class ZooKeeperBackend(_Acquire):
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("zookeeper", "zk")
-    counts_waiting = True  # its waiters keep a place on the server, counted by inspect()
+    waiting_counted: ClassVar[frozenset[Kind]] = frozenset(Kind)  # every waiter has its node
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
          Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS, Capability.SCAN,
@@ -257,14 +257,15 @@ class ZooKeeperBackend(_Acquire):
         )
 
     async def set_info(self, claim: Claim) -> bool:
-        """Rewrite the held node's data with the new record (a renewal too), and the
-        name's container's data, which wakes the election's observers."""
+        """Rewrite the held node's data with the new record (a renewal too), and, for a
+        proclaim, the name's container's data, which wakes the election's observers."""
         st = known(claim)
         if st is None or not st.granted or st.path is None or st.sid != self._sid:
             return False
-        parent = self._parent(claim.name)
-        touch = SetData(path=parent, data=b"", version=-1)
         async with self._bounded("a proclaim"):
+            if claim.kind is not Kind.LEADER:
+                return await self._stamp(claim, st.path) is not None
+            touch = SetData(path=self._parent(claim.name), data=b"", version=-1)
             stat, _ = await pipelined([self._stamp(claim, st.path), self._send(touch)])
         return stat is not None
 
