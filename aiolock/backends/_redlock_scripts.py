@@ -100,7 +100,7 @@ INSPECT = Script("redlock_inspect", _NOW + """
 local h = redis.call('hmget', KEYS[1], 'owner', 'token', 'info', 'since')
 local last = tonumber(redis.call('get', KEYS[2]) or '-1')
 local since = -1
-if h[4] then since = math.max(now - tonumber(h[4]), 0) end
+if h[4] and h[4] ~= '' then since = math.max(now - tonumber(h[4]), 0) end  -- '': Redis's grant
 return {h[1] or '', tonumber(h[2] or '-1'), redis.call('pttl', KEYS[1]), last, h[3] or '', since}
 """)
 
