@@ -142,11 +142,16 @@ def connect(target: str | Backend | Any, **options: Any) -> Locks:
     if kind == "cluster":
         from .backends.redis_cluster import RedisClusterBackend
 
-        return Locks(RedisClusterBackend(target, **options))
+        return Locks(RedisClusterBackend(target, **_client_options(target, options, scripting=False)))
     if kind == "redis":
+        from .backends._redis_txn import scripting_class
         from .backends.redis import RedisBackend
 
-        return Locks(RedisBackend(target, **options))
+        options = _client_options(target, options, scripting=True)
+        # as for a URL: scripting auto (the default) falls back to WATCH/MULTI/EXEC
+        # transactions where the server refuses scripts (an ACL without @scripting)
+        cls = scripting_class(RedisBackend, options.pop("scripting", "auto"))
+        return Locks(cls(target, **options))
     if kind is not None:
         raise ValueError(
             f"connect() needs an asyncio client: got {kind} {type(target).__name__}; pass a "
@@ -158,6 +163,20 @@ def connect(target: str | Backend | Any, **options: Any) -> Locks:
         "connect() takes a URL (e.g. 'redis://localhost:6379/0'), an aiolock.abc.Backend, or a "
         f"redis.asyncio.Redis / RedisCluster client, got {target!r}"
     )
+
+
+def _client_options(target: object, options: dict[str, Any], *, scripting: bool) -> dict[str, Any]:
+    """The options ``connect(client, ...)`` accepts for a Redis client, checked: anything
+    else, or a bad value, is a ValueError that says what is accepted."""
+    accepted = ["connect_timeout", "request_timeout", "prefix"] + (["scripting"] if scripting else [])
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"unknown option(s) for a {type(target).__name__} client: "
+                         f"{', '.join(unknown)}; accepted: {', '.join(accepted)}")
+    check_timeouts(**{k: v for k, v in options.items() if k.endswith("_timeout")})
+    if "scripting" in options and options["scripting"] not in ("auto", "on", "off"):
+        raise ValueError(f"scripting must be one of auto, on, off, got {options['scripting']!r}")
+    return dict(options)
 
 
 def _without_secret(exc: ValueError, url: str) -> ValueError:

@@ -119,6 +119,28 @@ async def test_fallback_without_async_with(nolua: str, name: str) -> None:
         await locks.aclose()
 
 
+async def test_a_client_you_pass_falls_back_too(server: PasswordRedis, name: str) -> None:
+    """``connect(client)`` with a redis.asyncio client of the ACL user without
+    @scripting: the same automatic fallback as its URL; ``scripting=`` chooses, and a
+    misspelled option or a bad value is a ValueError naming what is accepted."""
+    client = aioredis.Redis(port=server.port, username="noscript", password=SECRET)
+    try:
+        async with asyncio.timeout(10), aiolock.connect(client) as locks:
+            assert type(locks.backend) is RedisTxnBackend
+            async with locks.lock(name, ttl=5) as lease:
+                assert (await locks.status(name)).token == lease.token
+        for given in ({"scripting": "maybe"}, {"scriptin": "off"}, {"request_timeout": -1}):
+            with pytest.raises(ValueError, match="scripting|accepted|request_timeout"):
+                aiolock.connect(client, **given)
+        locks = aiolock.connect(client, scripting="on")
+        assert type(locks.backend) is RedisBackend
+        with pytest.raises(aiolock.LockError):
+            await locks.lock(name).acquire(timeout=1)
+        await locks.aclose()
+    finally:
+        await client.aclose()
+
+
 async def test_revocation_decides_without_async_with(nolua: str, name: str) -> None:
     """force_release() (an operator's first request, no connect()) decides the path
     rather than running the refused script."""
