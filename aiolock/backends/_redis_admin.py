@@ -46,6 +46,7 @@ SCAN_COUNT = 1000
 #: ARGV[1]  'x': an exclusive lock or election (hand it to the first registered waiter);
 #:          'rw': the writer and every reader; 'sem': every permit
 #: ARGV[2]  "1" to announce on KEYS[1] (an election)   ARGV[3]  ms a mark lives, at least
+#: ARGV[4]  "1" to trust PUBLISH counts to tell live waiters (RELEASE's ARGV[9])
 #: marks    each holder's waiter key ``v`` (its renewal then answers -1) for at least
 #:          twice its remaining lease; the token counter is left alone
 #: returns  how many holders were revoked
@@ -68,7 +69,7 @@ if ARGV[1] ~= 'x' then
 end
 if revoked == 0 then return 0 end
 if ARGV[1] == 'x' then
-  if not hand_over(ARGV[2] == '1') then redis.call('publish', KEYS[1], '|') end
+  if not hand_over(ARGV[2] == '1', ARGV[4] == '1') then redis.call('publish', KEYS[1], '|') end
 else
   redis.call('publish', KEYS[1], '|' .. (redis.call('lindex', KEYS[3], 0) or ''))
 end
@@ -150,7 +151,8 @@ async def force_release(backend: RedisBackend, name: str, kind: Kind) -> bool:
     family = kind.family
     keys = backend._keys(name, "-", FAMILY_KIND[family])
     announce = "1" if family == "elect" else "0"
-    return int(await backend._run(REVOKE, keys, _MODE[family], announce, REVOKED_KEEP_MS)) > 0
+    trust = "1" if backend.publish_counts else "0"  # a dead waiter is skipped, as by RELEASE
+    return int(await backend._run(REVOKE, keys, _MODE[family], announce, REVOKED_KEEP_MS, trust)) > 0
 
 
 _ESCAPED = re.compile(r"%(25|7B|7D)")

@@ -290,6 +290,7 @@ class RedisTxnBackend(RedisBackend):
         on the lock's channel. (released, freed)."""
         base = self._base(claim.name, claim.kind)
         seq, queue = base + ":seq", base + ":q"
+        result: tuple[bool, bool] | None = None
         async with self._tx_lent("WATCH/MULTI/EXEC release", urgent=True) as conn:
             for _ in range(2 * MAX_CONFLICTS):
                 ahead = (first,) if first is not None else ()
@@ -311,10 +312,33 @@ class RedisTxnBackend(RedisBackend):
                                                   announce=claim.kind is Kind.LEADER)
                 *_, done = await conn.run(("MULTI",), *plan, ("EXEC",))
                 if done is not ABORTED:
-                    return True, freed
+                    result = True, freed
+                    break
                 self.conflicts += 1
-        raise BackendUnavailable(f"the release of {claim.name!r} on {self._url} kept "
-                                 f"conflicting with other clients")
+        if result is None:
+            raise BackendUnavailable(f"the release of {claim.name!r} on {self._url} kept "
+                                     f"conflicting with other clients")
+        await self.pass_on_unheard(claim.name, claim.kind, plan, done)  # (its connection back)
+        return result
+
+    async def pass_on_unheard(self, name: str, kind: Kind, plan: list[tuple[Any, ...]],
+                              done: list[Any]) -> None:
+        """After a transaction that handed the lock to a Lua waiter (``plan``, and the
+        replies of its commands, last in ``done``): where PUBLISH counts are trusted and
+        nobody heard the hand-over (the waiter's process is gone: killed, its waiter key
+        not yet lapsed), release the lock for it -- on to the next live waiter, or free --
+        as the Lua path's RELEASE skips such a waiter within the script."""
+        if not self.publish_counts:
+            return
+        granted = [c for c in plan if c[0] == "HSET" and c[2] == "owner"]
+        if not granted:
+            return
+        base, heir = granted[0][1], granted[0][3]
+        replies = done[len(done) - len(plan):]
+        heard = [r for c, r in zip(plan, replies, strict=True) if c[0] == "PUBLISH" and c[1] != base]
+        if heard and int(heard[0]) == 0:
+            log.info("a waiter handed %r did not hear it (its process is gone): passed on", name)
+            await self._tx_release(Claim(name, kind, str(heir), 0))
 
     async def _tx_plan(
         self, conn: Lent, base: str, me: str, waiting: list[Any], last: Any, *,

@@ -113,10 +113,13 @@ async def force_release(backend: RedisTxnBackend, name: str, kind: Kind) -> bool
                 *plan, ("EXEC",),
             )
             if done is not ABORTED:
-                return True
+                break
             backend.conflicts += 1
-    raise BackendUnavailable(f"the revocation of {name!r} on {backend.url} kept conflicting "
-                             f"with other clients")
+        else:
+            raise BackendUnavailable(f"the revocation of {name!r} on {backend.url} kept "
+                                     f"conflicting with other clients")
+    await backend.pass_on_unheard(name, kind, plan, done)  # a dead waiter is skipped
+    return True
 
 
 async def set_info(backend: RedisTxnBackend, claim: Claim) -> bool:
