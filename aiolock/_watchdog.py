@@ -4,7 +4,9 @@ Each hold is renewed ``ttl/3`` after its last renewal was *sent*; holds that fal
 within ``ttl/12`` of the first one go out in the same request (up to :data:`MAX_BATCH`
 claims per request). A reply moves a hold's expiry to ``sent + granted``; a reply that
 says "gone" marks it lost; a failed request is retried soon, and if no renewal is
-confirmed before the last confirmed expiry, the hold is lost at that instant. Holds
+confirmed before the last confirmed expiry, the hold is lost at that instant -- except a
+request the server refused (``AccessDenied``: a permission it lacks), which no retry can
+mend: its holds are lost at once, with the server's refusal as the reason. Holds
 acquired with ``watchdog=False`` are not renewed but still expire here.
 
 The loop keeps holds, never leases (see :mod:`aiolock._lease`), in a heap by next event;
@@ -26,6 +28,7 @@ from typing import Any
 from . import _telemetry
 from ._lease import _Hold
 from .abc import REVOKED, Backend
+from .errors import AccessDenied
 
 __all__ = ["MAX_BATCH", "Watchdog"]
 
@@ -170,6 +173,10 @@ class Watchdog:
                 if hold in self._holds:
                     self._schedule(hold)
             _telemetry.renewal_failed(self._backend, holds, sent, exc)
+            if isinstance(exc, AccessDenied):  # no retry can succeed: say so now
+                for hold in holds:
+                    if not hold.done:
+                        hold.mark_lost(f"the server refused its renewal ({exc}); it expires unrenewed")
             if raise_errors:
                 raise
             return

@@ -34,6 +34,23 @@ async def test_watchdog_does_not_spin_while_a_renewal_hangs() -> None:
         assert a.lost and b.lost  # lost at their last confirmed expiry, not renewed
 
 
+class RefusedRenewals(MemoryBackend):
+    """Renewals refused: the user lost a permission (an ACL changed)."""
+
+    async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
+        raise aiolock.AccessDenied("NOPERM this user has no permissions to run the 'pexpire' command")
+
+
+async def test_a_refused_renewal_loses_the_lease_at_once_saying_why() -> None:
+    """No retry can mend a refusal: the lease is lost at its first refused renewal (not a
+    ttl later), and the loss says what the server said."""
+    async with aiolock.connect(RefusedRenewals(uuid.uuid4().hex)) as locks:
+        lease = await locks.lock("a", ttl=3).acquire()  # renewed after 1 s: refused
+        await asyncio.wait_for(lease.wait_lost(), 2.0)
+        with pytest.raises(aiolock.LockLost, match="refused its renewal.*NOPERM"):
+            await lease.extend(3)
+
+
 async def test_on_lost_callable_is_not_called_on_normal_release(locks: aiolock.Locks) -> None:
     calls: list[aiolock.Lease] = []
     lease = await locks.lock("cb", on_lost=calls.append).acquire()

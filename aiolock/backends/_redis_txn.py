@@ -142,9 +142,13 @@ class RedisTxnBackend(RedisBackend):
     async def _probe(self) -> None:
         """An empty transaction, once, before the first acquire: a user who may not run
         ``MULTI``/``EXEC`` gets AccessDenied here, before any transaction of a lock (the
-        commands after a refused ``MULTI`` would run unguarded)."""
+        commands after a refused ``MULTI`` would run unguarded); so does one who may not
+        run ``MGET`` or ``UNWATCH``, which only a renewal that finds a lease gone (a
+        revocation) or a busy acquire would use, too late to say so clearly."""
+        base = self._base("-")
         async with self._tx_lent("WATCH/MULTI/EXEC", urgent=True) as conn:
-            await conn.run(("WATCH", self._base("-")), ("MULTI",), ("EXEC",))
+            await conn.run(("WATCH", base), ("MGET", base), ("UNWATCH",),
+                           ("WATCH", base), ("MULTI",), ("EXEC",))
         self._probed = True
 
     @contextlib.asynccontextmanager
