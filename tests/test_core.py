@@ -47,7 +47,7 @@ async def test_a_refused_renewal_loses_the_lease_at_once_saying_why() -> None:
     async with aiolock.connect(RefusedRenewals(uuid.uuid4().hex)) as locks:
         lease = await locks.lock("a", ttl=3).acquire()  # renewed after 1 s: refused
         await asyncio.wait_for(lease.wait_lost(), 2.0)
-        with pytest.raises(aiolock.LockLost, match="refused its renewal.*NOPERM"):
+        with pytest.raises(aiolock.LockLost, match=r"refused its renewal.*NOPERM"):
             await lease.extend(3)
 
 

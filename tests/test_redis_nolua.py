@@ -130,7 +130,7 @@ async def test_a_client_you_pass_falls_back_too(server: PasswordRedis, name: str
             async with locks.lock(name, ttl=5) as lease:
                 assert (await locks.status(name)).token == lease.token
         for given in ({"scripting": "maybe"}, {"scriptin": "off"}, {"request_timeout": -1}):
-            with pytest.raises(ValueError, match="scripting|accepted|request_timeout"):
+            with pytest.raises(ValueError, match=r"scripting|accepted|request_timeout"):
                 aiolock.connect(client, **given)
         locks = aiolock.connect(client, scripting="on")
         assert type(locks.backend) is RedisBackend
