@@ -336,6 +336,7 @@ def test_every_loss_reason_of_the_core_has_its_outcome() -> None:
         "the server no longer has it (expired or taken over)": "gone",
         "release failed ({exc}); it expires by its ttl": "expired",
         "release failed ({exc})": "expired",
+        "the server refused its renewal ({exc}); it expires unrenewed": "expired",
     }
 
 
