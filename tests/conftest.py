@@ -193,6 +193,8 @@ def need(locks: aiolock.Locks, capability: Capability) -> None:
 #: repeats, on one more backend or at a larger size, a check the default run makes
 #: elsewhere (on other backends, or in the contract suite). ``./test.sh -m slow`` runs them.
 SLOW_TIER = {
+    "tests/test_redlock.py::test_node_killed_while_held[5-nodes]",  # 3 nodes: the same checks
+    "tests/test_redlock.py::test_mutual_exclusion_across_processes[5-nodes]",
     "tests/adversarial_issue14/test_faults.py::test_many_leases_one_connection_kept_several_ttls[1000]",
     "tests/adversarial_issue14/test_faults.py::test_killed_holder_freed_within_documented_bound",
     "tests/adversarial_issue14/test_recipe.py::test_election_on_etcd",

@@ -194,6 +194,21 @@ async def pw_url(pw_redis: RedisServer) -> AsyncIterator[str]:
 KNOWN_DEFECTS: dict[str, str] = {}
 
 
+#: test_waiters.py: the tests that found a defect (since fixed) stay in the default run;
+#: those that pin a promise the contract suite or another default test also checks run
+#: in the slow tier (``./test.sh -m slow``), to keep the suite under its 15 minutes
+WAITERS_DEFAULT = {
+    "test_holder_still_constructs_positionally_and_waiting_is_not_compared",
+    "test_semaphore_waiters_behind_own_permits_all_counted",
+    "test_rwlock_waiters_behind_own_holders_counted_exactly",
+    "test_election_candidates_behind_own_leader_counted",
+    "test_local_waiter_timing_out_takes_no_place",
+    "test_count_rewrite_does_not_wake_no_scripting_waiters",
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for _ in known_defects(items, "adversarial_issue13", KNOWN_DEFECTS):
-        pass
+    for item in known_defects(items, "adversarial_issue13", KNOWN_DEFECTS):
+        if item.nodeid.split("::")[0].endswith("test_waiters.py") and (
+                item.name.partition("[")[0] not in WAITERS_DEFAULT):
+            item.add_marker(pytest.mark.slow)
