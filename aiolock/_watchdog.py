@@ -173,7 +173,8 @@ class Watchdog:
                 if hold in self._holds:
                     self._schedule(hold)
             _telemetry.renewal_failed(self._backend, holds, sent, exc)
-            if isinstance(exc, AccessDenied):  # no retry can succeed: say so now
+            if isinstance(exc, AccessDenied) and not raise_errors:  # (extend() raises it)
+                # no retry can succeed: say so now
                 for hold in holds:
                     if not hold.done:
                         hold.mark_lost(f"the server refused its renewal ({exc}); it expires unrenewed")
