@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -193,6 +194,9 @@ def need(locks: aiolock.Locks, capability: Capability) -> None:
 #: repeats, on one more backend or at a larger size, a check the default run makes
 #: elsewhere (on other backends, or in the contract suite). ``./test.sh -m slow`` runs them.
 SLOW_TIER = {
+    # the election-mode quick harness: the same faults on leaders run by default in
+    # tests/adversarial_coordination/test_election_procs.py (kill -9, SIGSTOP, at most one)
+    "tests/test_faults_quick.py::test_fault_harness_election_quick",
     "tests/test_redlock.py::test_node_killed_while_held[5-nodes]",  # 3 nodes: the same checks
     "tests/test_redlock.py::test_mutual_exclusion_across_processes[5-nodes]",
     "tests/adversarial_issue14/test_faults.py::test_many_leases_one_connection_kept_several_ttls[1000]",
@@ -219,9 +223,17 @@ SLOW_TIER = {
 KNOWN_HANGS: dict[str, str] = {}
 
 
+#: Redis without scripting joined the earlier adversarial suites' election, revocation and
+#: listing files when it gained those capabilities; its own README+SPEC-only suite
+#: (tests/adversarial_issue15/test_coordination.py) and the contract suites run them by
+#: default, so these variants are in the slow tier
+_NOLUA_LATER = re.compile(r"tests/(adversarial_coordination|adversarial_issue12)/"
+                          r"test_(election|election_procs|revoke|scan)\.py::.*\[redis-nolua[\]-]")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.nodeid in SLOW_TIER:
+        if item.nodeid in SLOW_TIER or _NOLUA_LATER.match(item.nodeid):
             item.add_marker(pytest.mark.slow)
         hang = KNOWN_HANGS.get(item.nodeid)
         if hang is not None:
