@@ -231,9 +231,19 @@ _NOLUA_LATER = re.compile(r"tests/(adversarial_coordination|adversarial_issue12)
                           r"test_(election|election_procs|revoke|scan)\.py::.*\[redis-nolua[\]-]")
 
 
+#: The earlier README+SPEC-only suites run by default on each backend's main row; their
+#: variants on the rows that share a main row's recipe (Cluster and Sentinel run the Redis
+#: scripts, etcd-cluster is etcd on three members, the row modes share their database's
+#: SQL) are in the slow tier: the contract suites run every row by default (suite time)
+_SHARED_ROWS = re.compile(
+    r"tests/(adversarial|adversarial_coordination|adversarial_issue12)/.*"
+    r"\[(redis-sentinel|redis-cluster|etcd-cluster|postgres-row|mysql-row)[\]-]")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.nodeid in SLOW_TIER or _NOLUA_LATER.match(item.nodeid):
+        if (item.nodeid in SLOW_TIER or _NOLUA_LATER.match(item.nodeid)
+                or _SHARED_ROWS.match(item.nodeid)):
             item.add_marker(pytest.mark.slow)
         hang = KNOWN_HANGS.get(item.nodeid)
         if hang is not None:
