@@ -38,6 +38,7 @@ from ..conftest import backend_fixtures
 from ..scenarios import by_id
 from ..servers import RedisServer
 from .conftest import cli
+from .test_logging import Capture as LogCapture
 
 #: how long a count may take to show a change: "rewritten at most every 0.2 s", a round
 #: trip, and a loaded 2-core machine
@@ -152,13 +153,8 @@ async def settle(locks: aiolock.Locks, name: str, want: int, kind: Kind = Kind.L
         await asyncio.sleep(0.05)
 
 
-class Capture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
+class Capture(LogCapture):
+    """test_logging's handler, plus the aiolock WARNINGs it kept."""
 
     def warnings(self) -> list[str]:
         return [f"{r.name} {r.levelname} {r.getMessage()}" for r in self.records
