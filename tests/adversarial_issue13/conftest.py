@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from .._children import known_defects
+from .._children import children, known_defects  # noqa: F401 -- children: a fixture
 from ..conftest import session_server
 from ..servers import RedisServer
 

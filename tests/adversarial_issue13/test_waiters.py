@@ -24,7 +24,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,7 +38,7 @@ from ..conftest import backend_fixtures
 from ..scenarios import by_id
 from ..servers import RedisServer
 from .conftest import cli
-from .test_logging import Capture as LogCapture
+from .test_logging import Capture, capture
 
 #: how long a count may take to show a change: "rewritten at most every 0.2 s", a round
 #: trip, and a loaded 2-core machine
@@ -153,26 +153,10 @@ async def settle(locks: aiolock.Locks, name: str, want: int, kind: Kind = Kind.L
         await asyncio.sleep(0.05)
 
 
-class Capture(LogCapture):
-    """test_logging's handler, plus the aiolock WARNINGs it kept."""
-
-    def warnings(self) -> list[str]:
-        return [f"{r.name} {r.levelname} {r.getMessage()}" for r in self.records
-                if r.levelno >= logging.WARNING and r.name.startswith("aiolock")]
-
-
-@contextlib.contextmanager
-def capture() -> Iterator[Capture]:
-    handler = Capture()
-    root = logging.getLogger()
-    old = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
-        yield handler
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(old)
+def warnings(logs: Capture) -> list[str]:
+    """The aiolock WARNINGs (and worse) test_logging's handler kept."""
+    return [f"{r.name} {r.levelname} {r.getMessage()}" for r in logs.records
+            if r.levelno >= logging.WARNING and r.name.startswith("aiolock")]
 
 
 # ------------------------------------------------------------------ Holder compatibility
@@ -421,7 +405,7 @@ async def test_churn_never_negative_converges_no_false_loss(churn_locks: aiolock
     locks = churn_locks
     name = fresh()
     rng = random.Random(7)
-    with capture() as logs:
+    with capture(logging.INFO) as logs:
         lease = await hold(locks.lock(name, ttl=0.9, data=DATA, on_lost="raise").acquire())
         end = time.monotonic() + 1.5
         errors: list[str] = []
@@ -463,7 +447,7 @@ async def test_churn_never_negative_converges_no_false_loss(churn_locks: aiolock
         await lease.release()
     assert not errors, errors
     assert min(samples) >= 0 and max(samples) > 0, samples
-    assert not logs.warnings(), logs.warnings()
+    assert not warnings(logs), warnings(logs)
 
 
 async def test_release_or_expiry_beside_a_pending_rewrite_leaves_nothing(
@@ -475,7 +459,7 @@ async def test_release_or_expiry_beside_a_pending_rewrite_leaves_nothing(
     locks = rel_locks
     name = fresh()
     async with aiolock.connect(rel_url) as other:
-        with capture() as logs:
+        with capture(logging.INFO) as logs:
             for i in range(3):
                 lease = await hold(locks.lock(name, ttl=5, data=DATA).acquire())
                 waiting = await staggered(lambda: locks.lock(name, ttl=5).acquire(), 2, 0)
@@ -489,7 +473,7 @@ async def test_release_or_expiry_beside_a_pending_rewrite_leaves_nothing(
                 assert not info.held and info.held_by == () and info.waiters == 0, (i, info)
                 taken = await hold(other.lock(name, ttl=5).acquire(timeout=0))
                 await taken.release()
-            assert not logs.warnings(), logs.warnings()
+            assert not warnings(logs), warnings(logs)
             # a lease that expires (no watchdog) while its waiters' count changes
             lease = await hold(locks.lock(name, ttl=0.8, watchdog=False, data=DATA).acquire())
             timed = await staggered(lambda: locks.lock(name, ttl=5).acquire(timeout=0.6), 2, 0.1)
@@ -526,31 +510,22 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]),
 """
 
 
-@pytest.fixture
-async def procs() -> AsyncIterator[list[Child]]:
-    """Child processes a test started; each still running is killed at its end."""
-    started: list[Child] = []
-    yield started
-    for proc in started:
-        await proc.kill()
-
-
-async def child(procs: list[Child], url: str, name: str, n: int, gap: float,
+async def child(children: list[Child], url: str, name: str, n: int, gap: float,
                 holds: bool) -> Child:
     proc = await Child.run("-c", CHILD, url, name, str(n), str(gap), "hold" if holds else "-")
-    procs.append(proc)
+    children.append(proc)
     await proc.expect("ready")
     return proc
 
 
 async def test_holders_record_read_from_another_process_plus_server_waiters(
-        server_locks: aiolock.Locks, server_url: str, procs: list[Child]) -> None:
+        server_locks: aiolock.Locks, server_url: str, children: list[Child]) -> None:
     """A child process holds the name with 2 of its tasks queued behind it; this process
     waits with 2 tasks (one asks the server, the other queues behind it here): waiters
     = 2 (the child's record, with its pid) + 1 (the server's place) = 3."""
     locks = server_locks
     name = fresh()
-    proc = await child(procs, server_url, name, 2, 0.1, holds=True)
+    proc = await child(children, server_url, name, 2, 0.1, holds=True)
     mine = await staggered(lambda: locks.lock(name, ttl=10).acquire(), 2, 0.1)
     try:
         info = await settle(locks, name, 3)
@@ -563,7 +538,7 @@ async def test_holders_record_read_from_another_process_plus_server_waiters(
 
 
 async def test_waiters_of_another_process_starting_together_count_their_places(
-        race_locks: aiolock.Locks, race_url: str, procs: list[Child]) -> None:
+        race_locks: aiolock.Locks, race_url: str, children: list[Child]) -> None:
     """Three tasks of a process that start waiting at the same moment (``gather`` /
     ``create_task`` in a loop) may put two claims in the server's queue (the first try
     of the fast path keeps its place; the head of the local queue asks too): ``waiters``
@@ -572,7 +547,7 @@ async def test_waiters_of_another_process_starting_together_count_their_places(
     locks = race_locks
     name = fresh()
     lease = await hold(locks.lock(name, ttl=10).acquire())
-    proc = await child(procs, race_url, name, 3, 0, holds=False)
+    proc = await child(children, race_url, name, 3, 0, holds=False)
     try:
         await asyncio.sleep(0.5)
         counts = []
