@@ -40,6 +40,7 @@ credentials or a permission, :class:`aiolock.LockError` if it refused a script).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import random
@@ -75,6 +76,9 @@ class _Replies(Generic[T]):
     ok: dict[int, T] = field(default_factory=dict)
     errors: dict[int, Exception] = field(default_factory=dict)
     pending: set[int] = field(default_factory=set)
+    #: the requests of the nodes still answering when the outcome was decided (they go
+    #: on in the background): what must follow one of them waits for it
+    running: dict[int, asyncio.Future[T]] = field(default_factory=dict)
 
 
 class RedlockBackend(Backend):
@@ -112,6 +116,11 @@ class RedlockBackend(Backend):
         self._url = url or "redlock://" + ",".join(n.url.partition("://")[2] for n in self._nodes)
         self._background: set[asyncio.Future[Any]] = set()
         self._down: set[int] = set()  # nodes whose last request failed to reach them
+        #: nodes still connecting and loading the scripts when ``connect()`` had a
+        #: majority: requests to one wait for it (a request sent first would find no
+        #: script, load it and retry, and one sent after it -- the RAISE that labels a late
+        #: grant with its token -- could run before it)
+        self._preparing: dict[int, asyncio.Future[None]] = {}
 
     @classmethod
     def from_url(
@@ -156,9 +165,9 @@ class RedlockBackend(Backend):
     ) -> _Replies[T]:
         """Run ``call`` on every node (or those in ``only``) at once; return when all have
         answered or ``decided`` says the outcome is known. Requests still running then go
-        on in the background (each node's requests keep their order on its connection)."""
+        on in the background (``running``)."""
         indexes = range(len(self._nodes)) if only is None else only
-        tasks = {asyncio.ensure_future(call(self._nodes[i])): i for i in indexes}
+        tasks = {self._start(call, i): i for i in indexes}
         replies: _Replies[T] = _Replies(pending=set(tasks.values()))
         waiting = set(tasks)
         try:
@@ -182,7 +191,24 @@ class RedlockBackend(Backend):
         finally:
             for task in waiting:
                 self._keep(task)
+                replies.running[tasks[task]] = task
         return replies
+
+    def _start(self, call: Callable[[RedisBackend], Awaitable[T]], i: int) -> asyncio.Future[T]:
+        preparing = self._preparing.get(i)
+        if preparing is not None and preparing.done():
+            del self._preparing[i]
+            preparing = None
+        if preparing is None:
+            return asyncio.ensure_future(call(self._nodes[i]))
+        return asyncio.ensure_future(self._when_prepared(preparing, call, self._nodes[i]))
+
+    @staticmethod
+    async def _when_prepared(
+        preparing: asyncio.Future[None], call: Callable[[RedisBackend], Awaitable[T]], node: RedisBackend,
+    ) -> T:
+        await asyncio.wait([preparing])  # however it ended (a failure: the request reports its own)
+        return await call(node)
 
     def _keep(self, fut: asyncio.Future[Any]) -> None:
         self._background.add(fut)
@@ -212,7 +238,10 @@ class RedlockBackend(Backend):
     # -- primitives -------------------------------------------------------------------------
 
     async def connect(self) -> None:
-        replies = await self._ask(one.prepare, lambda r: len(r.ok) >= self.quorum)
+        prepared = [asyncio.ensure_future(one.prepare(node)) for node in self._nodes]
+        replies = await self._ask(lambda node: prepared[self._nodes.index(node)],
+                                  lambda r: len(r.ok) >= self.quorum)
+        self._preparing = {i: fut for i, fut in enumerate(prepared) if not fut.done()}
         for i, exc in replies.errors.items():
             log.warning("redlock: node %s is unreachable (%s)", self._nodes[i].url, exc)
         if len(replies.ok) < self.quorum:
@@ -276,7 +305,7 @@ class RedlockBackend(Backend):
         # margin against a node that loses its counter) and label late grants.
         for i in range(len(self._nodes)):
             if i not in synced and i not in replies.errors:
-                self._spawn(one.raise_token(self._nodes[i], claim, token))
+                self._spawn(self._raise_after(replies.running.get(i), i, claim, token))
         elapsed_ms = (time.monotonic() - start) * 1000
         if ttl_ms - elapsed_ms <= 0:
             log.info("redlock: acquiring %r took %.0f ms, beyond its validity", claim.name, elapsed_ms)
@@ -284,6 +313,15 @@ class RedlockBackend(Backend):
         claim.state["token"] = token
         claim.state.pop("released", None)
         return Granted(token, math.floor(ttl_ms))
+
+    async def _raise_after(self, acquire: asyncio.Future[Any] | None, i: int, claim: Claim,
+                           token: int) -> bool:
+        """RAISE on node ``i`` once its acquire (still ``running``) answered: run before
+        it, RAISE would lift the counter that the acquire then increments past ``token``,
+        and find no grant to label."""
+        if acquire is not None:
+            await asyncio.wait([acquire])
+        return await one.raise_token(self._nodes[i], claim, token)
 
     async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
         if not claims:
@@ -325,7 +363,19 @@ class RedlockBackend(Backend):
                 unknown = True
         if unknown:
             raise self._failure("renewing", replies)
+        # a node that answers after the majority decided and lost a lease renewed here:
+        # put it back too (else a node always slower than the others never is)
+        renewed = {k for k, ms in enumerate(out) if ms is not None and ms > 0}
+        for i, fut in replies.running.items():
+            fut.add_done_callback(functools.partial(self._repair_late, renewed, claims, i))
         return out
+
+    def _repair_late(self, renewed: set[int], claims: Sequence[Claim], i: int,
+                     fut: asyncio.Future[list[int]]) -> None:
+        if renewed and not fut.cancelled() and fut.exception() is None:
+            for k, ms in enumerate(fut.result()):
+                if ms == 0 and k in renewed:
+                    self._repair(claims[k], [i])
 
     def _repair(self, claim: Claim, nodes: list[int]) -> None:
         """Put a lease a majority holds back on ``nodes``, which lost it, in the background."""
