@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: sets up everything on a fresh machine, then runs pytest.
 #   ./test.sh              the whole suite (real servers started by the tests)
-#   ./test.sh -k fair      any pytest arguments pass through
+#   ./test.sh -k fair      any pytest arguments pass through (to both phases, below)
 #   ./test.sh faults ...   the fault harness (tests/faults/) instead of pytest:
 #                          ./test.sh faults --quick | --long [--backends redis,zookeeper]
 # It creates .venv, installs aiolock with its test extras, installs Debian's
@@ -39,4 +39,27 @@ if [ "${1:-}" = "faults" ]; then
   shift
   exec .venv/bin/python -m tests.faults "$@"
 fi
-exec .venv/bin/python -m pytest "$@"
+# Two phases. Most tests wait on servers and timers (the suite keeps about one core
+# busy), so first everything but the tests marked `serial` runs on
+# $AIOLOCK_TEST_WORKERS pytest-xdist workers (default 3, each with servers of its own);
+# then the `serial` tests (timing bounds judged against an otherwise idle machine: the
+# fault harness) run alone. AIOLOCK_TEST_WORKERS=1: one plain pytest run of everything.
+workers=${AIOLOCK_TEST_WORKERS:-3}
+if ! [[ "$workers" =~ ^[0-9]+$ ]] || [ "$workers" -lt 1 ]; then
+  echo "AIOLOCK_TEST_WORKERS must be a whole number >= 1, got '$workers'" >&2
+  exit 2
+fi
+if [ "$workers" -eq 1 ]; then
+  exec .venv/bin/python -m pytest "$@"
+fi
+set +e
+AIOLOCK_TEST_PHASE=parallel .venv/bin/python -m pytest -n "$workers" "$@"
+parallel=$?
+AIOLOCK_TEST_PHASE=serial .venv/bin/python -m pytest "$@"
+serial=$?
+# 5 is pytest's "no tests collected": fine for one phase (-k picked tests of the other)
+for code in "$parallel" "$serial"; do
+  if [ "$code" -ne 0 ] && [ "$code" -ne 5 ]; then exit "$code"; fi
+done
+if [ "$parallel" -eq 5 ] && [ "$serial" -eq 5 ]; then exit 5; fi
+exit 0

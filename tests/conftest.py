@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import os
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -31,6 +32,17 @@ from .zk_server import ZooKeeperServer
 
 #: the backend ids of the contract suite, in the order of the table (tests/scenarios.py)
 BACKENDS = [s.id for s in SCENARIOS]
+
+# pytest-xdist's workers export COLUMNS=80 and LINES=24: a program a test starts in a
+# terminal of its own (aiolock top in tmux) would take them over that terminal's size
+for _var in ("COLUMNS", "LINES"):
+    os.environ.pop(_var, None)
+
+#: ./test.sh runs the suite in two phases (see there): "parallel" (pytest-xdist workers)
+#: runs every test but those marked ``serial``, "serial" runs only those; unset, all
+PHASE = os.environ.get("AIOLOCK_TEST_PHASE", "")
+if PHASE not in ("", "parallel", "serial"):
+    raise ValueError(f"AIOLOCK_TEST_PHASE must be 'parallel', 'serial' or unset, got {PHASE!r}")
 
 
 def session_server(name: str, make: Callable[[], Any], doc: str = "") -> Any:
@@ -240,7 +252,14 @@ _SHARED_ROWS = re.compile(
     r"\[(redis-sentinel|redis-cluster|etcd-cluster|postgres-row|mysql-row)[\]-]")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if PHASE:
+        serial = PHASE == "serial"
+        keep = [item for item in items if (item.get_closest_marker("serial") is not None) == serial]
+        if len(keep) < len(items):
+            kept = {id(item) for item in keep}
+            config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
+            items[:] = keep
     for item in items:
         if (item.nodeid in SLOW_TIER or _NOLUA_LATER.match(item.nodeid)
                 or _SHARED_ROWS.match(item.nodeid)):

@@ -146,9 +146,9 @@ async def test_wake_from_other_connection(backend_url: str, name: str) -> None:
 
 
 async def test_watchdog_keeps_short_lease_alive(locks: aiolock.Locks, name: str) -> None:
-    async with locks.lock(name, ttl=0.5) as lease:
-        for _ in range(4):  # 4 x 0.5 s: several TTLs (12 renewals)
-            await asyncio.sleep(0.5)
+    async with locks.lock(name, ttl=0.8) as lease:
+        for _ in range(4):  # 4 x 0.6 s: three TTLs (9 renewals)
+            await asyncio.sleep(0.6)
             assert not lease.lost
             assert (await locks.status(name)).held
         with pytest.raises(aiolock.LockTimeout):

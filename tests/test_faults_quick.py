@@ -55,6 +55,10 @@ KILL_MARGIN = 1.0
 TIMEOUT_MARGIN = 0.25
 
 
+# its liveness figures are judged against bounds (with a margin for one other job on the
+# machine, not for the rest of the suite running beside it)
+pytestmark = pytest.mark.serial
+
 DEFAULT_BACKENDS = ("redis,redis-aof,zookeeper,postgres,memcached,zookeeper-3,redlock,redis-cluster,"
                     "redis-sentinel-wait")
 
