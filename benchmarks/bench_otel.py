@@ -1,7 +1,8 @@
 """What OpenTelemetry costs aiolock: uncontended acquire+release cycles per second.
 
 One task acquires and releases one lock in a loop (watchdog on), on ``memory://`` and on a
-private ``redis-server`` (``--no-redis`` to skip it), in four setups, each in its own
+private ``redis-server`` (``--backends`` picks others: ``zookeeper``, ``postgres``,
+private servers too; ``--no-redis`` is ``--backends memory``), in four setups, each in its own
 child process, alternating in the same run (``--runs`` rounds, the order rotated each
 round, so drifting machine load hits every setup alike):
 
@@ -23,7 +24,7 @@ histogram points and two spans a cycle makes, made alone, with nothing of aioloc
 them. The latter is a floor no instrumentation of a lock cycle can go under while it
 records every cycle as SPEC §9 asks; what the whole cycles add above it is aiolock's.
 
-    python benchmarks/bench_otel.py [--runs 5] [--seconds 2] [--no-redis]
+    python benchmarks/bench_otel.py [--runs 5] [--seconds 2] [--backends memory,redis,zookeeper,postgres]
 
 Needs ``opentelemetry-sdk`` (``pip install 'aiolock[otel]' opentelemetry-sdk``).
 """
@@ -155,6 +156,12 @@ def _child(mode: str, url: str, seconds: float) -> None:
         times: dict[bool, list[float]] = {False: [], True: []}
         async with aiolock.connect(url) as locks:
             lock = locks.lock("bench-otel-ours", ttl=30)
+            start = time.perf_counter()
+            for _ in range(50):
+                async with lock:
+                    pass
+            # rounds of about 20 ms (500 cycles on memory://, fewer on a slower backend)
+            n = max(10, min(500, int(0.02 / ((time.perf_counter() - start) / 50))))
             for i in range(60):
                 on = bool(i % 2)
                 if on:
@@ -163,10 +170,10 @@ def _child(mode: str, url: str, seconds: float) -> None:
                 else:
                     _telemetry._mm = _telemetry._tm = _telemetry._Off
                 start = time.thread_time()
-                for _ in range(500):
+                for _ in range(n):
                     async with lock:
                         pass
-                times[on].append((time.thread_time() - start) / 500 * 1e9)
+                times[on].append((time.thread_time() - start) / n * 1e9)
         vars(otel).update(real)
         _telemetry._mm, _telemetry._tm = modules
         return min(times[True]) - min(times[False])
@@ -246,21 +253,26 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="rounds of every setup (5)")
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per measurement (2)")
     parser.add_argument("--no-redis", action="store_true", help="memory:// only")
+    parser.add_argument("--backends", default="memory,redis",
+                        help=f"comma-separated, of {', '.join(SERVERS)} (memory,redis)")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--url", default="memory://", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(args.child, args.url, args.seconds)
         return 0
-    sys.path.insert(0, str(HERE))
-    from _redis import RedisServer
-
-    urls = ["memory://"]
-    server = None
-    if not args.no_redis:
-        server = RedisServer().__enter__()
-        urls.append(server.url)
+    backends = ["memory"] if args.no_redis else [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = [b for b in backends if b not in SERVERS]
+    if unknown:
+        parser.error(f"unknown backend(s) {', '.join(unknown)}: choose among {', '.join(SERVERS)}")
+    sys.path.insert(0, str(HERE.parent))  # tests/: the servers the suite starts
+    urls, servers = [], []
     try:
+        for backend in backends:
+            url, server = SERVERS[backend]()
+            urls.append(url)
+            if server is not None:
+                servers.append(server)
         for url in urls:
             results: dict[str, list[tuple[float, ...]]] = {mode: [] for mode in MODES}
             for i in range(args.runs):
@@ -270,9 +282,41 @@ def main() -> int:
                 print(f"{url} round {i + 1}/{args.runs} done", file=sys.stderr)
             _report(url, results)
     finally:
-        if server is not None:
-            server.__exit__(None, None, None)
+        for server in servers:
+            server.close()
     return 0
+
+
+def _redis() -> tuple[str, Any]:
+    sys.path.insert(0, str(HERE))
+    from _redis import RedisServer  # the benchmarks' own (what the earlier figures used)
+
+    server = RedisServer().__enter__()
+
+    class Closing:
+        def close(self) -> None:
+            server.__exit__(None, None, None)
+
+    return server.url, Closing()
+
+
+def _zookeeper() -> tuple[str, Any]:
+    from tests.zk_server import ZooKeeperServer
+
+    server = ZooKeeperServer().start()
+    return f"zookeeper://{server.hosts}/aiolock-bench-otel", server
+
+
+def _postgres() -> tuple[str, Any]:
+    from tests.pg_server import PostgresServer
+
+    server = PostgresServer().start()
+    return server.url, server
+
+
+#: backend -> () -> (url, private server or None)
+SERVERS: dict[str, Any] = {"memory": lambda: ("memory://", None), "redis": _redis,
+                           "zookeeper": _zookeeper, "postgres": _postgres}
 
 
 if __name__ == "__main__":
