@@ -1,0 +1,80 @@
+"""Mutual exclusion and fencing order on ``redlock://`` across processes while one node
+answers late. Written from README.md, SPEC.md, docs/redlock.md and
+docs/backends/index.md only.
+
+README: "need exactly one of them at a time to touch a resource"; "Every successful
+acquisition gets a token strictly greater than every earlier acquisition of the same
+name"; docs/redlock.md: "A minority of nodes down, stopped or slow changes nothing for
+the user."
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+from ..faults.proxy import Proxy
+from ..servers import RedisServer
+from .conftest import url_of
+
+pytestmark = pytest.mark.timeout(60)
+
+WORKER = Path(__file__).with_name("_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_mutual_exclusion_across_processes_with_one_node_slow(
+    servers: list[RedisServer], proxies: Callable[[RedisServer], Awaitable[Proxy]], name: str,
+    tmp_path: Path,
+) -> None:
+    """Three processes of three tasks each contend for 3 s; node 0 (a proxy in this
+    process, shared by all) answers 30 ms late: no two critical sections overlap, tokens
+    increase in hold order, and more than one process gets the lock."""
+    nprocs, ntasks, ttl, duration = 3, 3, 0.9, 3.0
+    slow = await proxies(servers[0])
+    url = url_of([slow.port, servers[1].port, servers[2].port])
+    files = [tmp_path / f"worker-{i}.jsonl" for i in range(nprocs)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    workers = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, str(WORKER), url, name, str(ntasks), str(ttl), str(f), env=env,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )
+        for f in files
+    ]
+    try:
+        async with asyncio.timeout(duration + 30):
+            for w in workers:
+                assert w.stdout is not None
+                assert (await w.stdout.readline()).startswith(b"READY")
+            slow.set_faults(delay=0.015)  # each way
+            stop = time.monotonic() + duration
+            for w in workers:
+                assert w.stdin is not None
+                w.stdin.write(f"GO {stop}\n".encode())
+                await w.stdin.drain()
+            for w in workers:
+                assert await w.wait() == 0
+    finally:
+        for w in workers:
+            if w.returncode is None:
+                w.kill()
+                await w.wait()
+    records = sorted(
+        (tuple(json.loads(line)) for f in files for line in f.read_text().splitlines()),
+        key=lambda r: r[1],
+    )
+    overlaps = [(x, y) for x, y in pairwise(records) if y[1] < x[2]]
+    assert not overlaps, f"{len(overlaps)} overlapping critical sections, e.g. {overlaps[:3]}"
+    tokens = [r[0] for r in records]
+    bad = [(x, y) for x, y in pairwise(tokens) if not x < y]
+    assert not bad, f"tokens not strictly increasing in hold order: {bad[:5]}"
+    assert len(records) >= 30 and len({r[3] for r in records}) >= 2, len(records)
