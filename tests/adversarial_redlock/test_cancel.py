@@ -24,7 +24,8 @@ from ..faults.proxy import Proxy
 from ..servers import RedisServer
 from .conftest import all_free, url_of
 
-pytestmark = pytest.mark.timeout(60)
+# found nothing when written (README+SPEC-only pass on Redlock): slow tier
+pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 
 #: the cancelled acquisitions' ttl: a claim left behind would block the next one this long
 LONG_TTL = 20.0

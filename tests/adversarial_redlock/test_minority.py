@@ -22,7 +22,8 @@ from ..faults.proxy import Proxy
 from ..servers import RedisServer
 from .conftest import token_on_nodes, url_of
 
-pytestmark = pytest.mark.timeout(60)
+# found nothing when written (README+SPEC-only pass on Redlock): slow tier
+pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 
 #: request/connect timeout: any operation that waits for a stopped node takes this long
 PATIENT = 4.0

@@ -25,7 +25,8 @@ from ..faults.proxy import Proxy
 from ..servers import RedisServer
 from .conftest import url_of
 
-pytestmark = pytest.mark.timeout(60)
+# found nothing when written (README+SPEC-only pass on Redlock): slow tier
+pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 
 WORKER = Path(__file__).with_name("_worker.py")
 ROOT = Path(__file__).resolve().parents[2]

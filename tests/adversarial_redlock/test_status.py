@@ -20,7 +20,8 @@ from ..faults.proxy import Proxy
 from ..servers import RedisServer
 from .conftest import set_counter, url_of
 
-pytestmark = pytest.mark.timeout(60)
+# found nothing when written (README+SPEC-only pass on Redlock): slow tier
+pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 
 
 async def test_status_reports_the_majority_owner_not_a_minority_grant(
