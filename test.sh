@@ -43,7 +43,8 @@ fi
 # busy), so first everything but the tests marked `serial` runs on
 # $AIOLOCK_TEST_WORKERS pytest-xdist workers (default 2, one per core; each starts
 # servers of its own); then the `serial` tests (timing bounds judged against an
-# otherwise idle machine: the fault harness) run alone. AIOLOCK_TEST_WORKERS=1: one plain pytest run of everything.
+# otherwise idle machine: the fault harness) run alone. AIOLOCK_TEST_WORKERS=1: one
+# plain pytest run of everything.
 workers=${AIOLOCK_TEST_WORKERS:-2}
 if ! [[ "$workers" =~ ^[0-9]+$ ]] || [ "$workers" -lt 1 ]; then
   echo "AIOLOCK_TEST_WORKERS must be a whole number >= 1, got '$workers'" >&2
