@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -107,14 +107,19 @@ async def procs(tmp_path: Path) -> AsyncIterator[Procs]:
 
 
 async def run_workers(procs: Procs, url: str, name: str, nprocs: int, ntasks: int,
-                      duration: float) -> tuple[float, list[list[Record]]]:
+                      duration: float, ttl: float | None = None,
+                      ready: Callable[[], object] | None = None) -> tuple[float, list[list[Record]]]:
     """P ``worker.py`` processes x T tasks loop on lock ``name`` for ``duration`` s from
-    a common start: that start (CLOCK_MONOTONIC) and each process's records."""
+    a common start: that start (CLOCK_MONOTONIC) and each process's records. ``ttl``:
+    worker.py's TTL argument; ``ready()`` is called once every worker is connected."""
     files = [procs.tmp / f"worker-{i}.jsonl" for i in range(nprocs)]
-    workers = [await procs.spawn("worker.py", url, name, str(ntasks), str(f), stdin=True)
+    extra = () if ttl is None else (str(ttl),)
+    workers = [await procs.spawn("worker.py", url, name, str(ntasks), str(f), *extra, stdin=True)
                for f in files]
     for w in workers:
         await w.expect("READY", 30)
+    if ready is not None:
+        ready()
     start = time.monotonic()
     for w in workers:
         await w.say(f"GO {start + duration}")

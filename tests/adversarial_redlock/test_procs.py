@@ -10,17 +10,12 @@ the user."
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import sys
-import time
 from collections.abc import Awaitable, Callable
 from itertools import pairwise
-from pathlib import Path
 
 import pytest
 
+from .._workers import Procs, procs, run_workers  # noqa: F401 -- procs: a fixture
 from ..faults.proxy import Proxy
 from ..servers import RedisServer
 from .conftest import url_of
@@ -28,13 +23,9 @@ from .conftest import url_of
 # found nothing when written (README+SPEC-only pass on Redlock): slow tier
 pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 
-WORKER = Path(__file__).with_name("_worker.py")
-ROOT = Path(__file__).resolve().parents[2]
-
-
 async def test_mutual_exclusion_across_processes_with_one_node_slow(
     servers: list[RedisServer], proxies: Callable[[RedisServer], Awaitable[Proxy]], name: str,
-    tmp_path: Path,
+    procs: Procs,  # noqa: F811
 ) -> None:
     """Three processes of three tasks each contend for 3 s; node 0 (a proxy in this
     process, shared by all) answers 30 ms late: no two critical sections overlap, tokens
@@ -42,37 +33,9 @@ async def test_mutual_exclusion_across_processes_with_one_node_slow(
     nprocs, ntasks, ttl, duration = 3, 3, 0.9, 3.0
     slow = await proxies(servers[0])
     url = url_of([slow.port, servers[1].port, servers[2].port])
-    files = [tmp_path / f"worker-{i}.jsonl" for i in range(nprocs)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    workers = [
-        await asyncio.create_subprocess_exec(
-            sys.executable, str(WORKER), url, name, str(ntasks), str(ttl), str(f), env=env,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )
-        for f in files
-    ]
-    try:
-        async with asyncio.timeout(duration + 30):
-            for w in workers:
-                assert w.stdout is not None
-                assert (await w.stdout.readline()).startswith(b"READY")
-            slow.set_faults(delay=0.015)  # each way
-            stop = time.monotonic() + duration
-            for w in workers:
-                assert w.stdin is not None
-                w.stdin.write(f"GO {stop}\n".encode())
-                await w.stdin.drain()
-            for w in workers:
-                assert await w.wait() == 0
-    finally:
-        for w in workers:
-            if w.returncode is None:
-                w.kill()
-                await w.wait()
-    records = sorted(
-        (tuple(json.loads(line)) for f in files for line in f.read_text().splitlines()),
-        key=lambda r: r[1],
-    )
+    _, per_worker = await run_workers(procs, url, name, nprocs, ntasks, duration, ttl=ttl,
+                                      ready=lambda: slow.set_faults(delay=0.015))  # each way
+    records = sorted((r for mine in per_worker for r in mine), key=lambda r: r[1])
     overlaps = [(x, y) for x, y in pairwise(records) if y[1] < x[2]]
     assert not overlaps, f"{len(overlaps)} overlapping critical sections, e.g. {overlaps[:3]}"
     tokens = [r[0] for r in records]
