@@ -201,13 +201,16 @@ class RedlockBackend(Backend):
             preparing = None
         if preparing is None:
             return asyncio.ensure_future(call(self._nodes[i]))
-        return asyncio.ensure_future(self._when_prepared(preparing, call, self._nodes[i]))
+        return asyncio.ensure_future(self._after(preparing, call, self._nodes[i]))
 
     @staticmethod
-    async def _when_prepared(
-        preparing: asyncio.Future[None], call: Callable[[RedisBackend], Awaitable[T]], node: RedisBackend,
+    async def _after(
+        first: asyncio.Future[Any] | None, call: Callable[[RedisBackend], Awaitable[T]], node: RedisBackend,
     ) -> T:
-        await asyncio.wait([preparing])  # however it ended (a failure: the request reports its own)
+        """``call(node)`` once ``first``, an earlier request to that node, has ended
+        (however: a failure of it is the request's own to report)."""
+        if first is not None:
+            await asyncio.wait([first])
         return await call(node)
 
     def _keep(self, fut: asyncio.Future[Any]) -> None:
@@ -305,7 +308,11 @@ class RedlockBackend(Backend):
         # margin against a node that loses its counter) and label late grants.
         for i in range(len(self._nodes)):
             if i not in synced and i not in replies.errors:
-                self._spawn(self._raise_after(replies.running.get(i), i, claim, token))
+                # once its acquire, if still running, answered: RAISE before it would lift
+                # the counter that the acquire then increments past the token, and find no
+                # grant to label
+                self._spawn(self._after(replies.running.get(i),
+                                        lambda node: one.raise_token(node, claim, token), self._nodes[i]))
         elapsed_ms = (time.monotonic() - start) * 1000
         if ttl_ms - elapsed_ms <= 0:
             log.info("redlock: acquiring %r took %.0f ms, beyond its validity", claim.name, elapsed_ms)
@@ -313,15 +320,6 @@ class RedlockBackend(Backend):
         claim.state["token"] = token
         claim.state.pop("released", None)
         return Granted(token, math.floor(ttl_ms))
-
-    async def _raise_after(self, acquire: asyncio.Future[Any] | None, i: int, claim: Claim,
-                           token: int) -> bool:
-        """RAISE on node ``i`` once its acquire (still ``running``) answered: run before
-        it, RAISE would lift the counter that the acquire then increments past ``token``,
-        and find no grant to label."""
-        if acquire is not None:
-            await asyncio.wait([acquire])
-        return await one.raise_token(self._nodes[i], claim, token)
 
     async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
         if not claims:
