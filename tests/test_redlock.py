@@ -52,7 +52,12 @@ three = pytest.mark.parametrize("servers", [3], indirect=True, ids=["3-nodes"])
 
 
 def url_of(servers: list[RedisServer], query: str = FAST) -> str:
-    return "redlock://" + ",".join(f"127.0.0.1:{s.port}" for s in servers) + f"?{query}"
+    return ports_url([s.port for s in servers], query)
+
+
+def ports_url(ports: list[int], query: str = FAST) -> str:
+    """The URL of the nodes listening on ``ports`` (a server's, or a proxy's before it)."""
+    return "redlock://" + ",".join(f"127.0.0.1:{port}" for port in ports) + f"?{query}"
 
 
 @pytest.fixture
@@ -513,8 +518,7 @@ async def test_a_node_slower_than_the_majority_that_lost_the_lease_gets_it_back(
 
     proxy = await Proxy(servers[0].port).start()
     try:
-        url = "redlock://" + ",".join(
-            f"127.0.0.1:{port}" for port in [proxy.port, servers[1].port, servers[2].port]) + f"?{FAST}"
+        url = ports_url([proxy.port, servers[1].port, servers[2].port])
         async with aiolock.connect(url) as locks, locks.lock(name, ttl=1) as lease:
             await held_everywhere(servers, name, lease.token)
             proxy.set_faults(delay=0.1)  # each way
@@ -540,8 +544,7 @@ async def test_a_late_grant_carries_the_leases_token(servers: list[RedisServer])
     proxy = await Proxy(servers[0].port).start()
     direct = aioredis.Redis(port=servers[0].port, decode_responses=True)
     try:
-        url = "redlock://" + ",".join(
-            f"127.0.0.1:{port}" for port in [proxy.port, servers[1].port, servers[2].port]) + f"?{FAST}"
+        url = ports_url([proxy.port, servers[1].port, servers[2].port])
         for _ in range(25):
             await direct.script_flush()
             name = f"t-{uuid.uuid4().hex}"
