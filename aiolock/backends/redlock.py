@@ -23,7 +23,7 @@ the fencing-token guarantee and Kleppmann's critique are in ``docs/redlock.md``.
 * **Waiting**: waiters subscribe on every node not found down by its last request (at
   least a majority, which a release always reaches); any node's release wakes them.
 * **Coordination**: holder records sit in each node's lock hash, written by the script
-  that grants; ``inspect`` reports the owner and record a majority agrees on; ``scan``
+  that grants; ``inspect`` reports the owner, token and record a majority agrees on; ``scan``
   SCANs every node and lists a name where ``inspect`` finds it held; ``force_release``
   revokes on every node. Elections are locks of the ``elect`` family; a grant or a
   ``proclaim`` is published on the name's channel, so observers wake at once.
@@ -433,9 +433,17 @@ class RedlockBackend(Backend):
         def owners(r: _Replies[one.NodeView]) -> Counter[str]:
             return Counter(v.owner for v in r.ok.values() if v.owner)
 
+        def agreed(r: _Replies[one.NodeView]) -> int:
+            """How many nodes agree on the most common (holder, token)."""
+            held = Counter((v.owner, v.token) for v in r.ok.values() if v.owner)
+            return max(held.values(), default=0)
+
         def decided(r: _Replies[one.NodeView]) -> bool:
+            # a majority holds and a majority agrees on its token (a node that granted
+            # after the majority decided has its own count until the RAISE that follows
+            # relabels it: then wait for the others), or no majority can hold it
             top = max(owners(r).values(), default=0)
-            return top >= q or (len(r.ok) >= q and top + len(r.pending) < q)
+            return agreed(r) >= q or (len(r.ok) >= q and top + len(r.pending) < q)
 
         replies = await self._ask(lambda node: one.inspect(node, name, kind), decided)
         if len(replies.ok) < q:
@@ -449,8 +457,12 @@ class RedlockBackend(Backend):
         # the record most of its nodes keep (a proclaim may not have reached them all)
         info = Counter(v.info for v in holder).most_common(1)[0][0]
         since = max(v.since_ms for v in holder)
+        # the token a majority of its nodes keep: the lease's (see decided)
+        token, count = Counter(v.token for v in holder).most_common(1)[0]
+        if count < q:  # still being raised to one token: the highest is the lease's
+            token = max(v.token for v in holder)
         return LockInfo(
-            name, True, holders=1, token=max(v.token for v in holder), last_token=last,
+            name, True, holders=1, token=token, last_token=last,
             ttl_left=max(left - self.drift_ms(left), 0) / 1000,
             held_by=(decode_holder(info, since / 1000 if since >= 0 else None),), family=family,
         )
