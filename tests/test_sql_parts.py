@@ -14,7 +14,7 @@ from aiolock.abc import REVOKED, Busy, Claim, Granted, Kind
 from aiolock.backends._sql import SQLBackend
 from aiolock.backends._sql_claim import ClaimState, Renewal, digest
 from aiolock.backends._sql_options import number, numeric_options, without_password
-from aiolock.errors import LockError
+from aiolock.errors import BackendUnavailable, LockError
 
 
 def test_numbers_and_options() -> None:
@@ -254,4 +254,41 @@ async def test_give_back_cut_off_drops_its_connection() -> None:
         await task
     assert conn.closed and st.conn is None
     assert not backend._pool._out and backend._pool.free()  # its slot is back
+    await backend.aclose()
+
+
+@pytest.mark.parametrize("cause", [ConnectionResetError("reset"), TimeoutError()])
+async def test_an_attempt_retries_a_dead_connection_never_a_timeout(cause: Exception) -> None:
+    """A pooled connection that died idle (server restart) is retried once on a fresh
+    one; a request that ran out of time is not (the server is slow or frozen: a second
+    try would double the caller's wait: CI saw 3 s for a 1 s request_timeout)."""
+    backend = FakeSQL()
+    tries: list[int] = []
+    real_try = backend._try
+
+    async def failing_try(conn: Any, claim: Claim, st: ClaimState) -> bool:
+        tries.append(conn.id)
+        if len(tries) == 1:
+            raise BackendUnavailable(f"first try failed: {cause!r}") from cause
+        return await real_try(conn, claim, st)
+
+    backend._try = failing_try  # type: ignore[method-assign]
+    queried: list[int] = []
+
+    async def query(conn: Any) -> int:
+        queried.append(conn.id)
+        if len(queried) == 1:
+            raise BackendUnavailable(f"first query failed: {cause!r}") from cause
+        return 7
+
+    if isinstance(cause, TimeoutError):
+        with pytest.raises(BackendUnavailable):
+            await backend.try_acquire(_claim())
+        with pytest.raises(BackendUnavailable):
+            await backend._pooled(query)
+        assert len(tries) == len(queried) == 1
+    else:
+        assert isinstance(await backend.try_acquire(_claim()), Granted)
+        assert await backend._pooled(query) == 7
+        assert len(tries) == len(queried) == 2
     await backend.aclose()

@@ -197,16 +197,17 @@ class SQLBackend(Backend):
                       pool: Pool | None = None) -> T:
         """``fn(conn)`` on a pooled connection (of ``pool``, by default the backend's),
         guarded; once more on another connection if the first was dead (a pooled
-        connection may have died idle: server restart)."""
+        connection may have died idle: server restart), never after a timeout (the server
+        is slow or gone: another try would double the time the caller waits)."""
         pool = self._pool if pool is None else pool
         for fresh in (False, True):
             conn = await pool.get()
             try:
                 async with self._guard(timeout):
                     result = await fn(conn)
-            except BackendUnavailable:
+            except BackendUnavailable as exc:
                 pool.discard(conn)
-                if fresh:
+                if fresh or _timed_out(exc):
                     raise
                 continue
             except BaseException:
@@ -292,9 +293,9 @@ class SQLBackend(Backend):
             conn = await self._pool.get()
             try:
                 got = await self._try(conn, claim, st)
-            except BackendUnavailable:
+            except BackendUnavailable as exc:
                 self._pool.discard(conn)
-                if fresh:
+                if fresh or _timed_out(exc):
                     raise
                 continue  # a pooled connection may have died idle (server restart): once more
             except BaseException:
@@ -493,3 +494,13 @@ class SQLBackend(Backend):
         if claim.kind is Kind.LEADER:  # a proclaim: the observers listen
             self._signal(claim)
         return kept
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """``exc`` comes of a request or connection that ran out of time (not a dead one)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, TimeoutError):
+            return True
+        cause = cause.__cause__
+    return False
