@@ -263,11 +263,16 @@ class RedisClusterBackend(RedisBackend):
                 await self._cluster.initialize()
                 await self.signals.warm()
         except _CONNECT_ERRORS as exc:
-            error = redis_error(exc, self._url, CONNECTING)
-            if type(error) is LockError:  # the cluster's own "cannot be connected"...
-                error = BackendUnavailable(
-                    f"cannot reach Redis Cluster at {self._url} ({type(exc).__name__}: {exc})")
-            raise error from exc
+            raise self._error(exc, CONNECTING) from exc
+
+    def _error(self, exc: BaseException, what: str) -> LockError:
+        """``redis_error``, where the cluster's own "cannot be connected" (and its other
+        errors of an unreachable cluster) is BackendUnavailable, not a refusal."""
+        error = redis_error(exc, self._url, what)
+        if type(error) is LockError and isinstance(exc, _DOWN):
+            return BackendUnavailable(
+                f"Redis Cluster at {self._url} is unavailable for {what} ({type(exc).__name__}: {exc})")
+        return error
 
     async def renew(self, claims: Sequence[Claim]) -> list[int | None]:
         groups: dict[int, list[int]] = {}
@@ -300,7 +305,7 @@ class RedisClusterBackend(RedisBackend):
             async for key in self._cluster.scan_iter(match=match, count=SCAN_COUNT):
                 yield key
         except _CONNECT_ERRORS as exc:
-            raise redis_error(exc, self._url, "scan") from exc
+            raise self._error(exc, "scan") from exc
 
     def renewal_group(self, claim: Claim) -> object:
         """The master that serves the claim's slot (as redis-py's slot map has it): the

@@ -216,8 +216,9 @@ class RedisSentinelBackend(RedisBackend):
         options: dict[str, Any] = dict(
             socket_connect_timeout=connect_timeout, socket_timeout=request_timeout,
             # one quick retry: a connection found dead is replaced by one to the master
-            # the sentinels name now; the core retries anything else
-            retry=Retry(NoBackoff(), 1), db=int(db),
+            # the sentinels name now; never after a timeout (the request timeout is the
+            # caller's bound: abc rule 2); the core retries anything else
+            retry=Retry(NoBackoff(), 1, supported_errors=(rexc.ConnectionError,)), db=int(db),
             **auth,
         )
         options.update(master_options)
