@@ -106,7 +106,7 @@ class Election:
     async def leader(self) -> Leader | None:
         """The current leader, or None while nobody leads."""
         self._engine.check_open()
-        info = await self._engine.backend.inspect(self.name, Kind.LEADER)
+        info = await self._engine.inspect(self.name, Kind.LEADER)
         if not info.held or info.token is None:
             return None
         holder = info.held_by[0] if info.held_by else Holder("", 0, None, "")

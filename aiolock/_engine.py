@@ -35,8 +35,9 @@ from typing import Any, TypeVar
 
 from ._holder import with_waiting
 from ._lease import _Hold
+from ._settle import in_progress, settled
 from ._watchdog import Watchdog
-from .abc import Backend, Capability, Claim, Kind
+from .abc import FAMILY_KIND, Backend, Capability, Claim, Kind, LockInfo
 from .errors import BackendUnavailable, LockError
 
 __all__ = ["CLOSE_TIMEOUT"]
@@ -160,6 +161,21 @@ class _Engine:
             raise LockError(f"this connection to {self.backend.url} is closed")
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def inspect(self, name: str, kind: Kind) -> LockInfo:
+        """The backend's ``inspect``, made again while it shows a grant in progress (see
+        ``_settle``)."""
+        holders = Capability.HOLDERS in self.backend.capabilities
+        return await settled(lambda: self.backend.inspect(name, kind),
+                             lambda info: in_progress(info, holders))
+
+    async def settle(self, info: LockInfo) -> LockInfo:
+        """``info`` (from ``scan``), or, if it shows a grant in progress, a read made again."""
+        if not in_progress(info, Capability.HOLDERS in self.backend.capabilities):
+            return info
+        return await self.inspect(info.name, FAMILY_KIND[info.family])
 
     # -- background work ------------------------------------------------------------------
 

@@ -121,12 +121,12 @@ class Locks:
         self._engine.need(Capability.SCAN, "scan()")
         self._engine.check_open()
         async for info in self.backend.scan(prefix):
-            yield _counted(info)
+            yield _counted(await self._engine.settle(info))
 
     async def status(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
         """Who holds ``name`` now: held, holders, current token, seconds left, and
         (``Capability.HOLDERS``) each holder's record in ``held_by``."""
-        return _counted(await self.backend.inspect(check_name(name), kind))
+        return _counted(await self._engine.inspect(check_name(name), kind))
 
     def _fair(self, fair: bool) -> bool:
         if fair:

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from .._holder import decode_holder
+from .._settle import settled
 from ..abc import FAMILY_KIND, REVOKED, Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
 from ..errors import AccessDenied, BackendUnavailable, LockError
 from . import _redlock_node as one
@@ -64,6 +65,8 @@ T = TypeVar("T")
 
 #: Constant part of the clock drift allowance, ms.
 DRIFT_MS = 2.0
+#: How long a read waits, once a majority answered, for the other nodes (seconds).
+GRACE = 0.005
 #: Upper bound of the random pause after a split vote, and of the jitter added to
 #: ``Busy.retry_after``, seconds.
 JITTER = 0.02
@@ -162,10 +165,12 @@ class RedlockBackend(Backend):
     async def _ask(
         self, call: Callable[[RedisBackend], Awaitable[T]],
         decided: Callable[[_Replies[T]], bool] | None = None, only: Sequence[int] | None = None,
+        grace: float = 0.0,
     ) -> _Replies[T]:
         """Run ``call`` on every node (or those in ``only``) at once; return when all have
-        answered or ``decided`` says the outcome is known. Requests still running then go
-        on in the background (``running``)."""
+        answered or ``decided`` says the outcome is known (and ``grace`` seconds more have
+        passed for the others to answer too). Requests still running then go on in the
+        background (``running``)."""
         indexes = range(len(self._nodes)) if only is None else only
         tasks = {self._start(call, i): i for i in indexes}
         replies: _Replies[T] = _Replies(pending=set(tasks.values()))
@@ -173,26 +178,34 @@ class RedlockBackend(Backend):
         try:
             while waiting:
                 done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    i = tasks[task]
-                    replies.pending.discard(i)
-                    exc = BackendUnavailable("request cancelled") if task.cancelled() else task.exception()
-                    if exc is None:
-                        replies.ok[i] = task.result()
-                        self._down.discard(i)
-                    elif isinstance(exc, Exception):
-                        replies.errors[i] = exc
-                        if isinstance(exc, BackendUnavailable):
-                            self._down.add(i)
-                    else:
-                        raise exc
+                self._fold(done, tasks, replies)
                 if decided is not None and decided(replies):
+                    if grace and waiting:
+                        late, waiting = await asyncio.wait(waiting, timeout=grace)
+                        self._fold(late, tasks, replies)
                     break
         finally:
             for task in waiting:
                 self._keep(task)
                 replies.running[tasks[task]] = task
         return replies
+
+    def _fold(self, done: set[asyncio.Future[T]], tasks: dict[asyncio.Future[T], int],
+              replies: _Replies[T]) -> None:
+        """Add the answers of ``done`` to ``replies``."""
+        for task in done:
+            i = tasks[task]
+            replies.pending.discard(i)
+            exc = BackendUnavailable("request cancelled") if task.cancelled() else task.exception()
+            if exc is None:
+                replies.ok[i] = task.result()
+                self._down.discard(i)
+            elif isinstance(exc, Exception):
+                replies.errors[i] = exc
+                if isinstance(exc, BackendUnavailable):
+                    self._down.add(i)
+            else:
+                raise exc
 
     def _start(self, call: Callable[[RedisBackend], Awaitable[T]], i: int) -> asyncio.Future[T]:
         preparing = self._preparing.get(i)
@@ -427,6 +440,16 @@ class RedlockBackend(Backend):
 
     async def inspect(self, name: str, kind: Kind = Kind.LOCK) -> LockInfo:
         _check_kind(kind)
+        # A grant in progress shows as nodes that disagree: each counts its own token
+        # until the acquirer, which alone knows which replies decided, raises them to one
+        # (a node granting after the decision is relabelled once its grant is answered).
+        # Read again until every node answering agrees, or the time to settle is over.
+        info, _ = await settled(lambda: self._inspect_once(name, kind), lambda read: not read[1])
+        return info
+
+    async def _inspect_once(self, name: str, kind: Kind) -> tuple[LockInfo, bool]:
+        """One read of every node: what a majority says, and whether every node that
+        answered says the same (False: a grant may be in progress)."""
         q = self.quorum
         family = kind.family
 
@@ -439,33 +462,35 @@ class RedlockBackend(Backend):
             return max(held.values(), default=0)
 
         def decided(r: _Replies[one.NodeView]) -> bool:
-            # a majority holds and a majority agrees on its token (a node that granted
-            # after the majority decided has its own count until the RAISE that follows
-            # relabels it: then wait for the others), or no majority can hold it
+            # a majority holds and a majority agrees on its token, or no majority can
+            # hold it (a node slow to answer is not waited for)
             top = max(owners(r).values(), default=0)
             return agreed(r) >= q or (len(r.ok) >= q and top + len(r.pending) < q)
 
-        replies = await self._ask(lambda node: one.inspect(node, name, kind), decided)
+        # a node a moment slower than the majority may show a grant in progress: a few ms
+        # for it (not the request timeout of one that is down or stopped)
+        replies = await self._ask(lambda node: one.inspect(node, name, kind), decided, grace=GRACE)
         if len(replies.ok) < q:
             raise self._failure("inspect", replies)
         last = max((v.last for v in replies.ok.values() if v.last >= 0), default=None)
         top = owners(replies).most_common(1)
         if not top or top[0][1] < q:
-            return LockInfo(name, False, last_token=last, family=family)
+            return LockInfo(name, False, last_token=last, family=family), True
         holder = [v for v in replies.ok.values() if v.owner == top[0][0]]
         left = sorted((v.pttl for v in holder), reverse=True)[q - 1]
         # the record most of its nodes keep (a proclaim may not have reached them all)
         info = Counter(v.info for v in holder).most_common(1)[0][0]
         since = max(v.since_ms for v in holder)
-        # the token a majority of its nodes keep: the lease's (see decided)
+        # the token a majority of its nodes keep: the lease's once it is granted
         token, count = Counter(v.token for v in holder).most_common(1)[0]
         if count < q:  # still being raised to one token: the highest is the lease's
             token = max(v.token for v in holder)
+        same = all(v.owner == top[0][0] and v.token == token for v in replies.ok.values())
         return LockInfo(
             name, True, holders=1, token=token, last_token=last,
             ttl_left=max(left - self.drift_ms(left), 0) / 1000,
             held_by=(decode_holder(info, since / 1000 if since >= 0 else None),), family=family,
-        )
+        ), same
 
     async def set_info(self, claim: Claim) -> bool:
         replies = await self._ask(lambda node: one.set_info(node, claim), self._yes_or_no)

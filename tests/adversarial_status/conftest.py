@@ -107,10 +107,12 @@ def from_leader(leader: aiolock.Leader | None, t0: float) -> Seen:
     return Seen(t0, t1, "leader", True, leader.token, None, (leader.data, leader.holder.data))
 
 
-def judge(ledger: Ledger, holders_promised: bool) -> list[str]:
+def judge(ledger: Ledger, holders_promised: bool, last_monotonic: bool = True) -> list[str]:
     """The defects in ``ledger.seen``: a held token never granted, a held token lower than
     one seen held before (per monitor, observations are sequential), held without a holder
-    record, a record whose data is not that token's lease's, last_token going back."""
+    record, a record whose data is not that token's lease's, last_token going back (unless
+    not ``last_monotonic``: Redlock's is the highest count of the majority that answered,
+    docs/redlock.md, and two reads may hear different majorities)."""
     bad: list[str] = []
     high = -1
     high_at: Seen | None = None
@@ -139,7 +141,7 @@ def judge(ledger: Ledger, holders_promised: bool) -> list[str]:
                 elif s.token > high:
                     high, high_at = s.token, s
         if s.last_token is not None:
-            if s.last_token < last_high:
+            if s.last_token < last_high and last_monotonic:
                 bad.append(f"{s.how}: last_token went back {last_high} -> {s.last_token} ({s.brief()})")
             last_high = max(last_high, s.last_token)
             if s.held and s.token is not None and s.last_token < s.token:

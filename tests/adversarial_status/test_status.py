@@ -204,7 +204,7 @@ async def _churn_one_process(scenario: Scenario, conns: list[aiolock.Locks], nam
 
 def _report(scenario: Scenario, ledger: Ledger) -> None:
     assert len(ledger.grants) >= 5, f"too few grants to judge: {len(ledger.grants)}"
-    bad = judge(ledger, holders_promised=True)
+    bad = judge(ledger, holders_promised=True, last_monotonic=not scenario.id.startswith("redlock"))
     held = sum(s.held for s in ledger.seen)
     kinds = sorted({re.sub(r"\d+", "N", re.sub(r" \(.*", "", b)) for b in bad})
     assert not bad, (f"{scenario.id}: {len(bad)} bad of {len(ledger.seen)} observations "
@@ -223,6 +223,8 @@ def _report(scenario: Scenario, ledger: Ledger) -> None:
 #:   record (held_by empty), hundreds of observations a run, while a grant is in flight;
 #:   mysql-row also held=True with the coming lease's token but no holder record;
 #: - memcached: held=True with token None (the coming lease's record is shown).
+#: Fixed: reads that show a grant half made are made again (aiolock/_settle.py); Redlock's
+#: last_token is documented as the highest count of the majority that answered.
 @rows(C.HOLDERS, default=("redlock", "postgres", "postgres-row", "mysql", "mysql-row", "memcached"))
 async def test_churn_lock_monitor_sees_only_granted_leases(
         scenario: Scenario, conns: list[aiolock.Locks], name: str) -> None:
@@ -237,6 +239,7 @@ async def test_churn_lock_monitor_sees_only_granted_leases(
 #: - mysql-row: leader() shows the coming term's token with data "" (its campaign set
 #:   "c0t0-1"): a record that is not that lease's; also held with no token in status();
 #: - mysql: scan() lists the election held with no token and no holder record.
+#: Fixed as above.
 @rows(C.HOLDERS, C.ELECTION, default=("redlock", "mysql", "mysql-row"))
 async def test_churn_election_monitor_sees_only_granted_terms(
         scenario: Scenario, conns: list[aiolock.Locks], name: str) -> None:
