@@ -69,6 +69,9 @@ class MariaDBServer(DatabaseServer):
             self.exe, "--no-defaults", f"--datadir={self.data}", f"--socket={self.socket}",
             f"--port={self.port}", "--bind-address=127.0.0.1", f"--user={self.os_user}",
             f"--pid-file={self.dir / 'mysqld.pid'}", f"--log-error={self.dir / 'mariadb.log'}",
+            # a temporary directory of its own: servers sharing /tmp removed each other's
+            # temporary tables ("Error on delete of '/tmp/#sql-temptable-...'")
+            f"--tmpdir={self.dir}",
             "--skip-name-resolve", "--innodb-flush-log-at-trx-commit=2",
             "--innodb-buffer-pool-size=32M", "--innodb-log-file-size=16M", "--max-connections=300",
             "--skip-log-bin", "--performance-schema=OFF", "--innodb-fast-shutdown=2",
