@@ -96,6 +96,12 @@ def known_defects(items: list[pytest.Item], folder: str,
             yield item
 
 
+def slow_but(item: pytest.Item, file: str, default: set[str]) -> bool:
+    """``item`` is a test of ``file`` whose name is not in ``default``: the tests of a file
+    that found a defect (since fixed) stay in the default run, the rest go in the slow tier."""
+    return item.nodeid.split("::")[0].endswith(file) and item.name.partition("[")[0] not in default
+
+
 async def exclusion_run(conns: list[Any], name: str, *, tasks: int, ttl: float,
                         seconds: float = 1.0, pause: float = 0.003) -> tuple[int, list[int]]:
     """``tasks`` tasks spread over ``conns`` (``aiolock.Locks``) loop ``async with

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from .._children import children, known_defects  # noqa: F401 -- children: a fixture
+from .._children import children, known_defects, slow_but  # noqa: F401 -- children: a fixture
 from ..conftest import session_server
 from ..servers import RedisServer
 
@@ -209,6 +209,5 @@ WAITERS_DEFAULT = {
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in known_defects(items, "adversarial_issue13", KNOWN_DEFECTS):
-        if item.nodeid.split("::")[0].endswith("test_waiters.py") and (
-                item.name.partition("[")[0] not in WAITERS_DEFAULT):
+        if slow_but(item, "test_waiters.py", WAITERS_DEFAULT):
             item.add_marker(pytest.mark.slow)

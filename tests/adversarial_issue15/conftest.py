@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from .._children import Child as _Child
-from .._children import children, known_defects, since  # noqa: F401 -- children: a fixture
+from .._children import children, known_defects, since, slow_but  # noqa: F401 -- children: a fixture
 from ..adversarial.servers import PasswordRedis
 from ..conftest import session_server
 
@@ -159,7 +159,6 @@ COORDINATION_DEFAULT = {
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in known_defects(items, "adversarial_issue15", KNOWN_DEFECTS):
         base, _, params = item.name.partition("[")
-        if (base in SLOW_OFF and params.startswith("off")) or item.name in SLOW_IDS or (
-                item.nodeid.split("::")[0].endswith("test_coordination.py")
-                and base not in COORDINATION_DEFAULT):
+        if ((base in SLOW_OFF and params.startswith("off")) or item.name in SLOW_IDS
+                or slow_but(item, "test_coordination.py", COORDINATION_DEFAULT)):
             item.add_marker(pytest.mark.slow)
