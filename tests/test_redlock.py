@@ -554,7 +554,9 @@ async def test_a_node_slower_than_the_majority_that_lost_the_lease_gets_it_back(
     proxy = await Proxy(servers[0].port).start()
     try:
         url = ports_url([proxy.port, servers[1].port, servers[2].port])
-        async with aiolock.connect(url) as locks, locks.lock(name, ttl=1) as lease:
+        # ttl 2: renewals every 0.67 s, still decided before node 0 answers, and a stall
+        # of the loaded CI machine does not let nodes 1 and 2 expire it (it did at ttl 1)
+        async with aiolock.connect(url) as locks, locks.lock(name, ttl=2) as lease:
             await held_everywhere(servers, name, lease.token)
             proxy.set_faults(delay=0.1)  # each way
             direct = aioredis.Redis(port=servers[0].port, decode_responses=True)
