@@ -86,3 +86,14 @@ def map_exceptions(mapping: Mapping[type[BaseException], type[Exception]]) -> It
             if isinstance(exc, from_exc) and not isinstance(exc, LockError):
                 raise to_exc(f"{type(exc).__name__}: {exc}") from exc
         raise
+
+
+def timed_out(exc: BaseException) -> bool:
+    """``exc`` (or an exception it was raised from) is a request or connection that ran
+    out of time, not a dead one: a backend never sends it again (``abc`` rule 2)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, TimeoutError):
+            return True
+        cause = cause.__cause__
+    return False

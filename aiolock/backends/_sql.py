@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Seque
 from typing import Any, ClassVar, TypeVar
 
 from ..abc import REVOKED, Backend, Busy, Claim, Granted, Kind, Waiter
-from ..errors import BackendUnavailable, LockError
+from ..errors import BackendUnavailable, LockError, timed_out
 from ._pool import Pool
 from ._sql_claim import QUEUED_RECHECK, ClaimState, Renewal, result
 from ._sql_options import number
@@ -207,7 +207,7 @@ class SQLBackend(Backend):
                     result = await fn(conn)
             except BackendUnavailable as exc:
                 pool.discard(conn)
-                if fresh or _timed_out(exc):
+                if fresh or timed_out(exc):
                     raise
                 continue
             except BaseException:
@@ -295,7 +295,7 @@ class SQLBackend(Backend):
                 got = await self._try(conn, claim, st)
             except BackendUnavailable as exc:
                 self._pool.discard(conn)
-                if fresh or _timed_out(exc):
+                if fresh or timed_out(exc):
                     raise
                 continue  # a pooled connection may have died idle (server restart): once more
             except BaseException:
@@ -495,12 +495,3 @@ class SQLBackend(Backend):
             self._signal(claim)
         return kept
 
-
-def _timed_out(exc: BaseException) -> bool:
-    """``exc`` comes of a request or connection that ran out of time (not a dead one)."""
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, TimeoutError):
-            return True
-        cause = cause.__cause__
-    return False

@@ -46,22 +46,21 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, ClassVar
 
 from .._holder import decode_holder
 from .._settle import settled
 from ..abc import FAMILY_KIND, REVOKED, Backend, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
-from ..errors import AccessDenied, BackendUnavailable, LockError
+from ..errors import LockError
 from . import _redlock_node as one
+from ._redlock_ask import Fanout, Replies
 from ._redlock_url import DEFAULT_DRIFT_FACTOR, parse_url
 from .redis import RedisBackend
 
 __all__ = ["DEFAULT_DRIFT_FACTOR", "RedlockBackend"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 #: Constant part of the clock drift allowance, ms.
 DRIFT_MS = 2.0
@@ -72,19 +71,7 @@ GRACE = 0.005
 JITTER = 0.02
 
 
-@dataclass(slots=True)
-class _Replies(Generic[T]):
-    """What the nodes answered so far, by node index."""
-
-    ok: dict[int, T] = field(default_factory=dict)
-    errors: dict[int, Exception] = field(default_factory=dict)
-    pending: set[int] = field(default_factory=set)
-    #: the requests of the nodes still answering when the outcome was decided (they go
-    #: on in the background): what must follow one of them waits for it
-    running: dict[int, asyncio.Future[T]] = field(default_factory=dict)
-
-
-class RedlockBackend(Backend):
+class RedlockBackend(Fanout, Backend):
     """Locks held by a majority of independent Redis masters (the Redlock algorithm).
 
     Build it with ``aiolock.connect("redlock://h1:6379,h2:6379,h3:6379")`` or from
@@ -160,97 +147,6 @@ class RedlockBackend(Backend):
         """The clock drift allowance for a lease of ``ttl_ms``: ``ttl * factor + 2 ms``."""
         return ttl_ms * self.drift_factor + DRIFT_MS
 
-    # -- asking every node ------------------------------------------------------------------
-
-    async def _ask(
-        self, call: Callable[[RedisBackend], Awaitable[T]],
-        decided: Callable[[_Replies[T]], bool] | None = None, only: Sequence[int] | None = None,
-        grace: float = 0.0,
-    ) -> _Replies[T]:
-        """Run ``call`` on every node (or those in ``only``) at once; return when all have
-        answered or ``decided`` says the outcome is known (and ``grace`` seconds more have
-        passed for the others to answer too). Requests still running then go on in the
-        background (``running``)."""
-        indexes = range(len(self._nodes)) if only is None else only
-        tasks = {self._start(call, i): i for i in indexes}
-        replies: _Replies[T] = _Replies(pending=set(tasks.values()))
-        waiting = set(tasks)
-        try:
-            while waiting:
-                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                self._fold(done, tasks, replies)
-                if decided is not None and decided(replies):
-                    if grace and waiting:
-                        late, waiting = await asyncio.wait(waiting, timeout=grace)
-                        self._fold(late, tasks, replies)
-                    break
-        finally:
-            for task in waiting:
-                self._keep(task)
-                replies.running[tasks[task]] = task
-        return replies
-
-    def _fold(self, done: set[asyncio.Future[T]], tasks: dict[asyncio.Future[T], int],
-              replies: _Replies[T]) -> None:
-        """Add the answers of ``done`` to ``replies``."""
-        for task in done:
-            i = tasks[task]
-            replies.pending.discard(i)
-            exc = BackendUnavailable("request cancelled") if task.cancelled() else task.exception()
-            if exc is None:
-                replies.ok[i] = task.result()
-                self._down.discard(i)
-            elif isinstance(exc, Exception):
-                replies.errors[i] = exc
-                if isinstance(exc, BackendUnavailable):
-                    self._down.add(i)
-            else:
-                raise exc
-
-    def _start(self, call: Callable[[RedisBackend], Awaitable[T]], i: int) -> asyncio.Future[T]:
-        preparing = self._preparing.get(i)
-        if preparing is not None and preparing.done():
-            del self._preparing[i]
-            preparing = None
-        if preparing is None:
-            return asyncio.ensure_future(call(self._nodes[i]))
-        return asyncio.ensure_future(self._after(preparing, call, self._nodes[i]))
-
-    @staticmethod
-    async def _after(
-        first: asyncio.Future[Any] | None, call: Callable[[RedisBackend], Awaitable[T]], node: RedisBackend,
-    ) -> T:
-        """``call(node)`` once ``first``, an earlier request to that node, has ended
-        (however: a failure of it is the request's own to report)."""
-        if first is not None:
-            await asyncio.wait([first])
-        return await call(node)
-
-    def _keep(self, fut: asyncio.Future[Any]) -> None:
-        self._background.add(fut)
-        fut.add_done_callback(self._forget)
-
-    def _forget(self, fut: asyncio.Future[Any]) -> None:
-        self._background.discard(fut)
-        if not fut.cancelled() and fut.exception() is not None:
-            log.debug("redlock: background node request failed: %s", fut.exception())
-
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        self._keep(asyncio.ensure_future(coro))
-
-    def _failure(self, what: str, replies: _Replies[Any]) -> LockError:
-        """The error for an operation that a majority could not answer."""
-        n = len(self._nodes)
-        detail = "; ".join(str(exc) for _, exc in sorted(replies.errors.items()))
-        if replies.pending:
-            detail += ("; " if detail else "") + f"{len(replies.pending)} still pending"
-        message = (f"Redlock {self._url}: {what} needs {self.quorum} of {n} Redis nodes, "
-                   f"only {len(replies.ok)} succeeded ({detail})")
-        if any(isinstance(e, AccessDenied) for e in replies.errors.values()):
-            return AccessDenied(message)  # credentials or ACL: retrying does not help
-        refused = [e for e in replies.errors.values() if not isinstance(e, BackendUnavailable)]
-        return LockError(message) if refused else BackendUnavailable(message)
-
     # -- primitives -------------------------------------------------------------------------
 
     async def connect(self) -> None:
@@ -267,7 +163,7 @@ class RedlockBackend(Backend):
         _check_kind(claim.kind)
         n, q = len(self._nodes), self.quorum
 
-        def decided(r: _Replies[Granted | Busy]) -> bool:
+        def decided(r: Replies[Granted | Busy]) -> bool:
             granted = sum(isinstance(v, Granted) for v in r.ok.values())
             return granted >= q or granted + len(r.pending) < q
 
@@ -295,7 +191,7 @@ class RedlockBackend(Backend):
         return Busy(busy[min(need, len(busy)) - 1] + random.uniform(0, JITTER))
 
     async def _settle(
-        self, claim: Claim, grants: dict[int, Granted], replies: _Replies[Granted | Busy],
+        self, claim: Claim, grants: dict[int, Granted], replies: Replies[Granted | Busy],
         start: float,
     ) -> Granted | None:
         """A majority granted: agree on the token, check the validity; None if too late."""
@@ -339,11 +235,11 @@ class RedlockBackend(Backend):
             return []
         n, q = len(self._nodes), self.quorum
 
-        def counts(r: _Replies[list[int]], k: int) -> tuple[int, int]:
+        def counts(r: Replies[list[int]], k: int) -> tuple[int, int]:
             yes = sum(1 for v in r.ok.values() if v[k] > 0)
             return yes, len(r.ok) - yes  # "no": not held there, or revoked
 
-        def decided(r: _Replies[list[int]]) -> bool:
+        def decided(r: Replies[list[int]]) -> bool:
             for k in range(len(claims)):
                 yes, no = counts(r, k)
                 # neither renewed nor gone yet: wait for the nodes still answering (one
@@ -402,12 +298,12 @@ class RedlockBackend(Backend):
         replies = await self._ask(lambda node: one.release(node, claim), self._yes_or_no)
         return self._majority_said("release", replies)
 
-    def _yes_or_no(self, replies: _Replies[bool]) -> bool:
+    def _yes_or_no(self, replies: Replies[bool]) -> bool:
         """Decided: a majority said yes, or so many said no that it cannot."""
         yes = sum(replies.ok.values())
         return yes >= self.quorum or len(replies.ok) - yes > len(self._nodes) - self.quorum
 
-    def _majority_said(self, what: str, replies: _Replies[bool]) -> bool:
+    def _majority_said(self, what: str, replies: Replies[bool]) -> bool:
         """True if a majority said yes, False if a majority said no (the claim is gone:
         lost, expired or revoked), else the failure."""
         if sum(replies.ok.values()) >= self.quorum:
@@ -453,15 +349,15 @@ class RedlockBackend(Backend):
         q = self.quorum
         family = kind.family
 
-        def owners(r: _Replies[one.NodeView]) -> Counter[str]:
+        def owners(r: Replies[one.NodeView]) -> Counter[str]:
             return Counter(v.owner for v in r.ok.values() if v.owner)
 
-        def agreed(r: _Replies[one.NodeView]) -> int:
+        def agreed(r: Replies[one.NodeView]) -> int:
             """How many nodes agree on the most common (holder, token)."""
             held = Counter((v.owner, v.token) for v in r.ok.values() if v.owner)
             return max(held.values(), default=0)
 
-        def decided(r: _Replies[one.NodeView]) -> bool:
+        def decided(r: Replies[one.NodeView]) -> bool:
             # a majority holds and a majority agrees on its token, or no majority can
             # hold it (a node slow to answer is not waited for)
             top = max(owners(r).values(), default=0)
@@ -500,7 +396,7 @@ class RedlockBackend(Backend):
         """Revoke the holder on every node; True if a node answering had one."""
         _check_kind(kind)
 
-        def decided(r: _Replies[bool]) -> bool:
+        def decided(r: Replies[bool]) -> bool:
             return len(r.ok) >= self.quorum and (any(r.ok.values()) or not r.pending)
 
         replies = await self._ask(lambda node: one.revoke(node, name, kind), decided)
