@@ -60,7 +60,8 @@ async def test_release_in_a_cancelled_scope_finishes_in_the_background(
 # that escapes the cancelled anyio ``CancelScope``. etcd: every run (6/6 alone and in
 # full runs). redis-sentinel: a race, 7 of 15 runs (one sweep: 4/6 alone, 1/3 in full
 # runs; three sweeps: 2/6 alone), always at k = 1 with the bare CancelledError's context
-# a CancelledError() too. redis-cluster: 1 of 15 (kept in the slow tier). Plain redis,
+# a CancelledError() too (7 of 16 with a last full run that passed). redis-cluster: 2 of
+# 16 (kept in the slow tier). Plain redis,
 # redis-nolua and the other rows: never (3 full runs, 6 alone for redis).
 @rows(default=("etcd", "redis-sentinel"))
 async def test_acquire_in_a_scope_cancelled_at_every_step_leaks_nothing(
