@@ -214,6 +214,9 @@ class RedisBackend(Backend):
             # cancellation that arrives as the write completes (gh-86296): the request ran,
             # but our caller was cancelled. Raise it here, so the core abandons the claim
             # the request may have granted, instead of carrying on as if not cancelled.
+            # A step of the loop first: a canceller that cancels until it is heard (anyio's
+            # cancel scopes) cancels again, with the message by which it knows its own.
+            await asyncio.sleep(0)
             raise asyncio.CancelledError
         return result
 

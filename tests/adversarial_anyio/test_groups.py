@@ -254,6 +254,7 @@ async def _hold_briefly(lock: aiolock.Lock, leases: list[aiolock.Lease], hold: f
         await anyio.sleep(hold)
 
 
+# Fixed: a PostgreSQL connect runs in a task of its own (postgres/_backend.py).
 # DEFECT (postgres, advisory mode): cancelling two or more tasks of one connection
 # contending for one lock (3 loop steps in) leaves asyncpg's
 # "Future exception was never retrieved: ConnectionError('unexpected connection_lost()

@@ -27,6 +27,7 @@ async def _hold_forever(lock: aiolock.Lock, got: list[aiolock.Lease]) -> None:
         await anyio.sleep(30)
 
 
+# Fixed: a PostgreSQL connect runs in a task of its own (postgres/_backend.py).
 # DEFECT (postgres, advisory mode): cancelling fair waiters leaves asyncpg's
 # "Future exception was never retrieved: ConnectionError('unexpected connection_lost()
 # call')" on the event loop (a connection dropped under a cancelled request, its waiter
@@ -65,6 +66,7 @@ async def test_fair_waiters_cancelled_by_their_group_leave_the_queue(
         await lease.release()
 
 
+# Fixed: a PostgreSQL connect runs in a task of its own (postgres/_backend.py).
 # DEFECT (postgres, advisory mode): cancelling semaphore holders and waiters leaves asyncpg's
 # "Future exception was never retrieved: ConnectionError('unexpected connection_lost()
 # call')" on the event loop (a connection dropped under a cancelled request, its waiter

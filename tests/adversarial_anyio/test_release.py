@@ -16,6 +16,7 @@ from ..scenarios import Scenario
 from .conftest import LEAK_TTL, assert_free, cancelling, escaped, eventually, rows
 
 
+# Fixed: grpc calls are awaited in a task of their own (etcd/_wire.own_cancel).
 # DEFECT (etcd): a cancel that lands while the etcd request is in flight (k = 1 step)
 # comes out of the call as a bare ``CancelledError()`` -- no args, so anyio does not know
 # it for its scope's own (anyio swallows only a CancelledError carrying its scope's
@@ -55,6 +56,7 @@ async def test_release_in_a_cancelled_scope_finishes_in_the_background(
         await lease.release()
 
 
+# Fixed: etcd as below; the redis-py path lets anyio cancel again before it re-raises.
 # DEFECT (etcd, redis-sentinel, redis-cluster): as above, a cancel landing while the
 # acquire's request is in flight (k = 1 step) comes out as a bare ``CancelledError()``
 # that escapes the cancelled anyio ``CancelScope``. etcd: every run (6/6 alone and in

@@ -311,6 +311,7 @@ async def test_shielded_scope_around_the_block_still_sees_the_loss(
     await assert_free(other, name)
 
 
+# Fixed: grpc calls are awaited in a task of their own (etcd/_wire.own_cancel).
 # DEFECT (etcd): the shape of a request handler with a deadline -- ``move_on_after(d)``
 # around ``acquire()`` of a free lock, d from 0 to 5.5 ms: on etcd a CancelledError gets
 # out of the scope in 5-8 of the 60 tries (7/7 runs fail), so the handler's task is

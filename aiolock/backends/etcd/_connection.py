@@ -13,7 +13,7 @@ from urllib.parse import quote, unquote
 
 from ..._validate import check_timeouts, query_pairs
 from ...errors import AccessDenied, BackendUnavailable, LockError
-from ._wire import grpc, hostport, open_channel, parse_hosts, pb
+from ._wire import grpc, hostport, open_channel, own_cancel, parse_hosts, pb
 
 __all__ = ["OPTIONS", "Connection", "LeaseGone", "options_from_url"]
 
@@ -169,14 +169,14 @@ class Connection:
         """One request; logs in again once if the server forgot our token."""
         call = getattr(self.stubs[service], method)
         try:
-            return await call(request, metadata=self.metadata, timeout=self.request_timeout)
+            return await own_cancel(call(request, metadata=self.metadata, timeout=self.request_timeout))
         except grpc.aio.AioRpcError as exc:
             if not (self.username and exc.code() == grpc.StatusCode.UNAUTHENTICATED
                     and "invalid auth token" in (exc.details() or "")):
                 raise self.error(exc, what) from None
         await self.authenticate()
         with self.errors(what):
-            return await call(request, metadata=self.metadata, timeout=self.request_timeout)
+            return await own_cancel(call(request, metadata=self.metadata, timeout=self.request_timeout))
 
     @contextlib.asynccontextmanager
     async def bounded(self, what: str) -> AsyncIterator[None]:
@@ -232,7 +232,7 @@ class Connection:
             self.channel = await open_channel(
                 self.hosts, tls=self._tls, files=self._files, server_name=self._server_name)
             self.stubs = {s: getattr(pb, f"{s}Stub")(self.channel) for s in ("KV", "Lease", "Watch", "Auth")}
-        await self.channel.channel_ready()
+        await own_cancel(self.channel.channel_ready())
         if self.username:
             await self.authenticate()
         # a first read checks the permissions on our prefix
@@ -242,7 +242,7 @@ class Connection:
     async def authenticate(self) -> None:
         request = pb.AuthenticateRequest(name=self.username, password=self._password)
         with self.errors("authentication"):
-            reply = await self.stubs["Auth"].Authenticate(request, timeout=self.request_timeout)
+            reply = await own_cancel(self.stubs["Auth"].Authenticate(request, timeout=self.request_timeout))
         self.metadata = (("token", reply.token),)
         self._reauth = False
 

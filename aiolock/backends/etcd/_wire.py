@@ -20,7 +20,7 @@ except ImportError as _exc:  # pragma: no cover - reported by aiolock.connect()
     ) from _exc
 
 __all__ = ["ASCEND", "CREATE", "EQUAL", "NOPUT", "SORT_CREATE", "Stream", "grpc", "open_channel",
-           "parse_hosts", "pb"]
+           "own_cancel", "parse_hosts", "pb"]
 
 DEFAULT_PORT = 2379
 CREATE = pb.Compare.CompareTarget.Value("CREATE")
@@ -28,6 +28,21 @@ EQUAL = pb.Compare.CompareResult.Value("EQUAL")
 SORT_CREATE = pb.RangeRequest.SortTarget.Value("CREATE")
 ASCEND = pb.RangeRequest.SortOrder.Value("ASCEND")
 NOPUT = pb.WatchCreateRequest.FilterType.Value("NOPUT")
+
+
+async def own_cancel(call: Any) -> Any:
+    """Await a ``grpc.aio`` call in a task of its own, so that a cancellation of the caller
+    reaches it as the CancelledError its canceller made: grpc.aio raises a new one without
+    the message (grpc/grpc#43502), and anyio's cancel scopes know theirs by that message
+    (a bare one escaped ``move_on_after`` and cancelled the whole task). The call is
+    cancelled too."""
+    inner = asyncio.ensure_future(call)
+    try:
+        await asyncio.wait((inner,))
+    except asyncio.CancelledError:
+        inner.cancel()
+        raise
+    return inner.result()
 
 
 class Stream:

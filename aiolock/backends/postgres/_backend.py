@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
@@ -103,8 +104,17 @@ class PostgresBackend(SQLBackend):
         options = dict(self._connect_options)
         settings = dict(options.pop("server_settings", {}) or {})
         settings.setdefault("application_name", "aiolock")
-        return await asyncpg().connect(self._dsn, timeout=self._connect_timeout,
-                                       server_settings=settings, **options)
+        # in a task of its own, which a cancelled caller does not cut short: asyncpg
+        # cancelled mid-handshake leaves its TLS probe's future failing unseen ("Future
+        # exception was never retrieved"); a connection made for nobody is closed
+        opening = asyncio.ensure_future(asyncpg().connect(
+            self._dsn, timeout=self._connect_timeout, server_settings=settings, **options))
+        try:
+            await asyncio.wait((opening,))
+        except asyncio.CancelledError:
+            opening.add_done_callback(_close_unused)
+            raise
+        return opening.result()
 
     def _error(self, exc: Exception) -> LockError:
         return map_error(exc, self._url)
@@ -323,3 +333,10 @@ def _info(name: str, family: str, holding: set[int], rows: Sequence[Any], *,
         last_token=last, ttl_left=max(lefts) if lefts else None, waiters=waiters,
         held_by=tuple(_holder(r) for r in mine), family=family,
     )
+
+
+def _close_unused(opening: asyncio.Future[Any]) -> None:
+    """A connection opened for a caller cancelled meanwhile: closed (its error, if it
+    failed, is retrieved: nobody waits for it)."""
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().terminate()
