@@ -15,7 +15,7 @@ import importlib.util
 import math
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -188,3 +188,19 @@ def params(*need: Capability, topologies: bool = True) -> list[Any]:
 def params_of(*ids: str) -> list[Any]:
     """``pytest.param`` of the rows ``ids`` (a test that picks its backends by name)."""
     return [by_id(key).param() for key in ids]
+
+
+def rows(*need: Capability, default: Iterable[str] = ()) -> pytest.MarkDecorator:
+    """Parametrize the ``scenario`` fixture (tests/conftest.py) over every row declaring
+    ``need`` (one topology each); the rows not in ``default`` are in the slow tier (the
+    adversarial folders keep the rows where they found something in the default run)."""
+    keep = set(default)
+    found = []
+    for s in SCENARIOS:
+        if s.topology_of or (not s.missing and not set(need) <= s.capabilities):
+            continue
+        marks: list[Any] = list(s.param().marks)
+        if s.id not in keep:
+            marks.append(pytest.mark.slow)
+        found.append(pytest.param(s, id=s.id, marks=marks))
+    return pytest.mark.parametrize("scenario", found, indirect=True)

@@ -28,15 +28,14 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 
 import aiolock
-from aiolock import Capability
 
-from ..scenarios import SCENARIOS
+from ..scenarios import SCENARIOS, rows  # noqa: F401 -- rows: for the tests
 
 #: lease length of the leases whose loss a test provokes (the revoked holder learns it at
 #: its next renewal, within ttl/3)
@@ -49,19 +48,6 @@ TAKE = 0.6
 LEAK_TTL = 5.0
 
 
-def rows(*need: Capability, default: Iterable[str] = ()) -> pytest.MarkDecorator:
-    """Parametrize the ``scenario`` fixture (tests/conftest.py) over every row declaring
-    ``need`` (one topology each); the rows not in ``default`` are in the slow tier."""
-    keep = set(default)
-    params = []
-    for s in SCENARIOS:
-        if s.topology_of or (not s.missing and not set(need) <= s.capabilities):
-            continue
-        marks: list[Any] = list(s.param().marks)
-        if s.id not in keep:
-            marks.append(pytest.mark.slow)
-        params.append(pytest.param(s, id=s.id, marks=marks))
-    return pytest.mark.parametrize("scenario", params, indirect=True)
 
 
 @pytest.fixture

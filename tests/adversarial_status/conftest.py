@@ -18,34 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 
 import aiolock
-from aiolock import Capability
 
-from ..scenarios import SCENARIOS
+from ..scenarios import SCENARIOS, rows  # noqa: F401 -- rows: for the tests
 
 #: connections a test opens to one backend (the monitor uses the last)
 NCONN = 3
 
 
-def rows(*need: Capability, default: Iterable[str] = ()) -> pytest.MarkDecorator:
-    """Parametrize the ``scenario`` fixture (tests/conftest.py) over every row declaring
-    ``need`` (one topology each); the rows not in ``default`` are in the slow tier."""
-    keep = set(default)
-    params = []
-    for s in SCENARIOS:
-        if s.topology_of or (not s.missing and not set(need) <= s.capabilities):
-            continue
-        marks: list[Any] = list(s.param().marks)
-        if s.id not in keep:
-            marks.append(pytest.mark.slow)
-        params.append(pytest.param(s, id=s.id, marks=marks))
-    return pytest.mark.parametrize("scenario", params, indirect=True)
 
 
 @pytest.fixture
