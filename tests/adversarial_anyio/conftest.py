@@ -31,6 +31,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import pytest
 
 import aiolock
@@ -146,3 +148,15 @@ async def revoked_after(conn: aiolock.Locks, name: str, delay: float) -> AsyncIt
         yield
     finally:
         await task
+
+
+async def checkpoints(steps: int) -> None:
+    """Let the loop run ``steps`` steps (anyio checkpoints)."""
+    for _ in range(steps):
+        await anyio.lowlevel.checkpoint()
+
+
+async def cancel_after(scope: anyio.CancelScope, steps: int) -> None:
+    """Cancel ``scope`` after ``steps`` steps of the loop."""
+    await checkpoints(steps)
+    scope.cancel()

@@ -14,7 +14,17 @@ import aiolock
 from aiolock import Capability
 
 from ..scenarios import Scenario
-from .conftest import LEAK_TTL, TTL, assert_free, cancelling, eventually, revoked_after, rows
+from .conftest import (
+    LEAK_TTL,
+    TTL,
+    assert_free,
+    cancel_after,
+    cancelling,
+    checkpoints,
+    eventually,
+    revoked_after,
+    rows,
+)
 
 C = Capability
 LEARN = TTL / 3 + 1.0
@@ -165,9 +175,7 @@ async def test_group_cancelled_at_every_step_of_acquire_leaks_nothing(
         async with anyio.create_task_group() as tg:
             for n in names:
                 tg.start_soon(_hold_forever, locks.lock(n, ttl=LEAK_TTL), leases)
-            for _ in range(k):
-                await anyio.lowlevel.checkpoint()
-            tg.cancel_scope.cancel()
+            await cancel_after(tg.cancel_scope, k)
         assert cancelling() == 0
         try:
             await assert_free(other, *names)
@@ -191,8 +199,7 @@ async def test_group_cancelled_at_every_step_of_a_waiting_acquire_leaves_no_plac
         async with anyio.create_task_group() as tg:
             for n in names:
                 tg.start_soon(_acquire_into, locks.lock(n, ttl=LEAK_TTL), got)
-            for _ in range(k):
-                await anyio.lowlevel.checkpoint()
+            await checkpoints(k)
             await anyio.sleep(0.05 if k % 3 == 0 else 0)  # some rounds: well inside the wait
             tg.cancel_scope.cancel()
         assert not got
@@ -277,8 +284,7 @@ async def test_group_cancelled_while_children_contend_for_one_lock(
                 for _ in range(5):
                     tg.start_soon(_hold_briefly, locks.lock(name, ttl=LEAK_TTL), leases, 0.002 * (r % 4))
                 if r < 12:
-                    for _ in range(r * 3):
-                        await anyio.lowlevel.checkpoint()
+                    await checkpoints(r * 3)
                 else:
                     await anyio.sleep(0.003 * (r - 12))
                 tg.cancel_scope.cancel()

@@ -12,7 +12,7 @@ import aiolock
 from aiolock import Capability
 
 from ..scenarios import Scenario
-from .conftest import LEAK_TTL, TAKE, assert_free, cancelling, rows
+from .conftest import LEAK_TTL, TAKE, assert_free, cancelling, checkpoints, rows
 
 C = Capability
 
@@ -48,8 +48,7 @@ async def test_fair_waiters_cancelled_by_their_group_leave_the_queue(
         async with anyio.create_task_group() as tg:
             for _ in range(3):
                 tg.start_soon(_acquire_into, locks.lock(n, ttl=LEAK_TTL, fair=True), got)
-            for _ in range(k):
-                await anyio.lowlevel.checkpoint()
+            await checkpoints(k)
             if k == 30:
                 await anyio.sleep(0.2)  # all queued
             tg.cancel_scope.cancel()
@@ -84,8 +83,7 @@ async def test_semaphore_permits_come_back_after_a_cancelled_group(
         async with anyio.create_task_group() as tg:
             for _ in range(4):
                 tg.start_soon(_hold_forever, locks.semaphore(n, limit=2, ttl=LEAK_TTL), got)
-            for _ in range(k):
-                await anyio.lowlevel.checkpoint()
+            await checkpoints(k)
             if k == 40:
                 await anyio.sleep(0.2)
             tg.cancel_scope.cancel()
@@ -116,8 +114,7 @@ async def test_cancelled_waiting_writer_does_not_block_later_readers(
         got: list[aiolock.Lease] = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(_acquire_into, locks.rwlock(n, ttl=LEAK_TTL).write(), got)
-            for _ in range(k):
-                await anyio.lowlevel.checkpoint()
+            await checkpoints(k)
             if k == 30:
                 await anyio.sleep(0.2)  # the writer waits
             tg.cancel_scope.cancel()

@@ -13,7 +13,7 @@ import pytest
 import aiolock
 
 from ..scenarios import Scenario
-from .conftest import LEAK_TTL, assert_free, cancelling, escaped, eventually, rows
+from .conftest import LEAK_TTL, assert_free, cancel_after, cancelling, escaped, eventually, rows
 
 
 # Fixed: grpc calls are awaited in a task of their own (etcd/_wire.own_cancel).
@@ -38,11 +38,7 @@ async def test_release_in_a_cancelled_scope_finishes_in_the_background(
                 scope.cancel()
             else:
                 async with anyio.create_task_group() as tg:
-                    async def cancel_after(steps: int = k) -> None:
-                        for _ in range(steps):
-                            await anyio.lowlevel.checkpoint()
-                        scope.cancel()
-                    tg.start_soon(cancel_after)
+                    tg.start_soon(cancel_after, scope, k)
                     await lease.release()
             if k == 0:
                 await lease.release()
@@ -79,11 +75,7 @@ async def test_acquire_in_a_scope_cancelled_at_every_step_leaks_nothing(
         got_all.append(got)
         with escaped(f"acquire cancelled after {k} steps"), anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
-                async def cancel_after(steps: int = k) -> None:
-                    for _ in range(steps):
-                        await anyio.lowlevel.checkpoint()
-                    scope.cancel()
-                tg.start_soon(cancel_after)
+                tg.start_soon(cancel_after, scope, k)
                 got.append(await locks.lock(n, ttl=LEAK_TTL).acquire(timeout=5))
         assert cancelling() == 0
         for lease in got:
