@@ -10,6 +10,8 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
+from .._own_task import in_own_task
+
 try:
     import grpc  # type: ignore[import-untyped]
     import grpc.aio  # type: ignore[import-untyped]
@@ -31,18 +33,10 @@ NOPUT = pb.WatchCreateRequest.FilterType.Value("NOPUT")
 
 
 async def own_cancel(call: Any) -> Any:
-    """Await a ``grpc.aio`` call in a task of its own, so that a cancellation of the caller
-    reaches it as the CancelledError its canceller made: grpc.aio raises a new one without
-    the message (grpc/grpc#43502), and anyio's cancel scopes know theirs by that message
-    (a bare one escaped ``move_on_after`` and cancelled the whole task). The call is
-    cancelled too."""
-    inner = asyncio.ensure_future(call)
-    try:
-        await asyncio.wait((inner,))
-    except asyncio.CancelledError:
-        inner.cancel()
-        raise
-    return inner.result()
+    """Await a ``grpc.aio`` call in a task of its own (cancelled with its caller): grpc.aio
+    re-raises a cancellation as a new CancelledError without its message
+    (grpc/grpc#43502), which escaped anyio's ``move_on_after`` and cancelled the task."""
+    return await in_own_task(call, lambda task: task.cancel())
 
 
 class Stream:

@@ -11,6 +11,7 @@ from urllib.parse import parse_qsl, urlsplit
 from ..._holder import Holder, decode_holder
 from ...abc import FAMILY_KIND, Capability, Claim, Kind, LockInfo, Waiter
 from ...errors import AccessDenied, LockError
+from .._own_task import in_own_task
 from .._sql import SQLBackend
 from .._sql_claim import ClaimState, Renewal
 from .._sql_options import refuse_contradictions
@@ -104,17 +105,13 @@ class PostgresBackend(SQLBackend):
         options = dict(self._connect_options)
         settings = dict(options.pop("server_settings", {}) or {})
         settings.setdefault("application_name", "aiolock")
-        # in a task of its own, which a cancelled caller does not cut short: asyncpg
-        # cancelled mid-handshake leaves its TLS probe's future failing unseen ("Future
-        # exception was never retrieved"); a connection made for nobody is closed
-        opening = asyncio.ensure_future(asyncpg().connect(
-            self._dsn, timeout=self._connect_timeout, server_settings=settings, **options))
-        try:
-            await asyncio.wait((opening,))
-        except asyncio.CancelledError:
-            opening.add_done_callback(_close_unused)
-            raise
-        return opening.result()
+        # not cut short by a cancelled caller: asyncpg cancelled mid-handshake leaves its
+        # TLS probe's future failing unseen ("Future exception was never retrieved"); a
+        # connection made for nobody is closed
+        return await in_own_task(
+            asyncpg().connect(self._dsn, timeout=self._connect_timeout, server_settings=settings,
+                              **options),
+            lambda opening: opening.add_done_callback(_close_unused))
 
     def _error(self, exc: Exception) -> LockError:
         return map_error(exc, self._url)

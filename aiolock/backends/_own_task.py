@@ -1,0 +1,28 @@
+"""Awaiting a client library's request in a task of its own, so that a cancellation of the
+caller reaches the caller as the CancelledError its canceller made, whatever the library
+does with the one it receives (grpc.aio re-raises a new one without the message, by which
+anyio's cancel scopes know theirs; asyncpg cancelled mid-handshake leaves a future failing
+unseen)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+__all__ = ["in_own_task"]
+
+T = TypeVar("T")
+
+
+async def in_own_task(request: Awaitable[T], orphan: Callable[[asyncio.Future[T]], object]) -> T:
+    """``await request`` in a task of its own; if the caller is cancelled meanwhile,
+    ``orphan(task)`` decides what becomes of the request (cancel it, or let it finish and
+    clean up after it) and the caller's own CancelledError goes on."""
+    inner = asyncio.ensure_future(request)
+    try:
+        await asyncio.wait((inner,))
+    except asyncio.CancelledError:
+        orphan(inner)
+        raise
+    return inner.result()
