@@ -571,11 +571,85 @@ async def test_release_hands_over_to_a_registered_waiter(
         await pubsub.aclose()
 
 
+async def test_a_hand_over_nobody_hears_is_never_taken_back(off: str, name: str,
+                                                             admin: Any) -> None:
+    """A Lua-path waiter registered before its process subscribed its inbox (a fast
+    path's first ACQUIRE does so), then asking again at once (as it does once
+    subscribed): a release on this path must not hand it the lock and then, finding the
+    hand-over unheard, take it back -- by then the waiter's ACQUIRE may have found itself
+    the owner, and a third claim would get the lock too. (This happened: CI, 4 processes
+    on both paths, one overlap.) Skipped before the transaction, the waiter takes the
+    freed lock or waits; never both it and another claim."""
+    from aiolock.backends._redis_scripts import ACQUIRE
+
+    base = f"aiolock:lock:{{{name}}}"
+    async with asyncio.timeout(60), aiolock.connect(off) as locks, \
+            aiolock.connect(off) as other:
+        for _ in range(6):
+            lease = await locks.lock(name, ttl=5).acquire(timeout=5)
+            me = uuid.uuid4().hex
+            keys = [base, base + ":seq", base + ":q", base + ":qt", base + ":x:" + me]
+            args = [me, 5000, "0", 5000, f"aiolock:inbox:{me}", "", "0"]  # nobody subscribed
+            assert (await admin.eval(ACQUIRE.source, 5, *keys, *args))[0] == 0  # registered
+            ends, ask = time.monotonic() + 0.25, [*args[:3], 0, *args[4:]]  # (no new place)
+
+            asks = asyncio.create_task(_asks_until(admin, ends, keys, ask))
+            await asyncio.sleep(0)
+            await lease.release()
+            try:
+                third = await other.lock(name, ttl=5).acquire(timeout=0.25)
+            except aiolock.LockTimeout:
+                third = None
+            got = await asks
+            assert got is None or third is None, "the lock went to two claims at once"
+            if third is not None:
+                await third.release()
+            await admin.delete(base, base + ":q", keys[4])
+
+
+async def test_without_numsub_every_registered_waiter_counts_as_live(
+    server: PasswordRedis, admin: Any, name: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A user the ACL denies ``PUBSUB NUMSUB`` (the least-privilege line before it named
+    it): releases still work and hand the lock to a registered Lua-path waiter, whether
+    its process hears it or not (a killed one then holds it for its ttl); one INFO line
+    says what to grant, without the password."""
+    user = f"tx-{uuid.uuid4().hex[:8]}"
+    await admin.execute_command("ACL", "SETUSER", user, "reset", "on", f">{SECRET}",
+                                *LEAST.replace(" +pubsub|numsub", "").split())
+    url = f"redis://{user}:{SECRET}@127.0.0.1:{server.port}/0?scripting=off"
+    base = f"aiolock:lock:{{{name}}}"
+    caplog.set_level("INFO", logger="aiolock")
+    async with asyncio.timeout(15), aiolock.connect(url) as locks:
+        for waiter in ("w1", "w2"):
+            inbox = f"aiolock:inbox:{waiter}"  # nobody subscribed
+            await admin.rpush(base + ":q", waiter)
+            await admin.set(f"{base}:x:{waiter}", f"3000|{len(inbox)}|{inbox}", px=3000)
+            lease = await locks.lock(name, ttl=5).acquire(timeout=5)
+            await lease.release()
+            assert await admin.hget(base, "owner") == waiter
+            await admin.delete(base)
+    told = [r.getMessage() for r in caplog.records if "NUMSUB" in r.getMessage()]
+    assert len(told) == 1 and "+pubsub|numsub" in told[0], told
+    assert SECRET not in caplog.text
+
+
+async def _asks_until(admin: Any, ends: float, keys: list[str], args: list[Any]) -> float | None:
+    """A Lua-path waiter asking (ACQUIRE, without registering again) until ``ends``:
+    when it found itself the owner, or None."""
+    from aiolock.backends._redis_scripts import ACQUIRE
+
+    while time.monotonic() < ends:
+        if (await admin.eval(ACQUIRE.source, 5, *keys, *args))[0] == 1:
+            return time.monotonic()
+    return None
+
+
 #: The least-privilege ACL of the transaction path, as docs/backends/redis-noscripting.md
 #: gives it (the words after ``user NAME on >PASSWORD``).
 LEAST = ("~aiolock:* resetchannels &aiolock:* -@all +ping +watch +unwatch +multi "
          "+exec +get +set +mget +incr +del +hget +hmget +hset +pttl +pexpire +lrange +ltrim "
-         "+llen +time +publish +subscribe +unsubscribe +scan +zrange +hgetall")
+         "+llen +time +publish +subscribe +unsubscribe +pubsub|numsub +scan +zrange +hgetall")
 
 
 def test_least_privileges_are_documented() -> None:

@@ -126,6 +126,7 @@ class RedisTxnBackend(RedisBackend):
         self._urgent = asyncio.Semaphore(URGENT)
         self._connections = Connections(self._client, lean)
         self._probed = False
+        self._numsub = True  # PUBSUB NUMSUB allowed (until refused: see _subscribed)
 
     async def aclose(self) -> None:
         await self._connections.aclose()
@@ -322,27 +323,7 @@ class RedisTxnBackend(RedisBackend):
         if result is None:
             raise BackendUnavailable(f"the release of {claim.name!r} on {self._url} kept "
                                      f"conflicting with other clients")
-        await self.pass_on_unheard(claim.name, claim.kind, plan, done)  # (its connection back)
         return result
-
-    async def pass_on_unheard(self, name: str, kind: Kind, plan: list[tuple[Any, ...]],
-                              done: list[Any]) -> None:
-        """After a transaction that handed the lock to a Lua waiter (``plan``, and the
-        replies of its commands, last in ``done``): where PUBLISH counts are trusted and
-        nobody heard the hand-over (the waiter's process is gone: killed, its waiter key
-        not yet lapsed), release the lock for it -- on to the next live waiter, or free --
-        as the Lua path's RELEASE skips such a waiter within the script."""
-        if not self.publish_counts:
-            return
-        granted = [c for c in plan if c[0] == "HSET" and c[2] == "owner"]
-        if not granted:
-            return
-        base, heir = granted[0][1], granted[0][3]
-        replies = done[len(done) - len(plan):]
-        heard = [r for c, r in zip(plan, replies, strict=True) if c[0] == "PUBLISH" and c[1] != base]
-        if heard and int(heard[0]) == 0:
-            log.info("a waiter handed %r did not hear it (its process is gone): passed on", name)
-            await self._tx_release(Claim(name, kind, str(heir), 0))
 
     async def _tx_plan(
         self, conn: Lent, base: str, me: str, waiting: list[Any], last: Any, *,
@@ -357,11 +338,14 @@ class RedisTxnBackend(RedisBackend):
             names = [_text(w).partition("|")[0] for w in waiting]  # <owner>|<registration>
             xkeys = [f"{base}:x:{w}" for w in names]
             _, values, now = await conn.run(("WATCH", *xkeys), ("MGET", *xkeys), ("TIME",))
-            for i, (name, value) in enumerate(zip(names, values, strict=True)):
-                found = _registration(value)
-                if found is None:
+            found = [_registration(value) for value in values]
+            heard = await self._subscribed(conn, {f[1] for f in found if f is not None})
+            for i, (name, registration) in enumerate(zip(names, found, strict=True)):
+                if registration is None:
                     continue
-                ttl, inbox, info = found
+                ttl, inbox, info = registration
+                if heard is not None and not heard.get(inbox):
+                    continue  # nobody hears its inbox: its process is gone (or not yet there)
                 token = int(last or 0) + 1
                 return [
                     ("LTRIM", queue, i + 1, -1), ("INCR", base + ":seq"),
@@ -372,6 +356,29 @@ class RedisTxnBackend(RedisBackend):
                 ], False
             plan.append(("LTRIM", queue, len(names), -1))  # none alive among them
         return [*plan, ("DEL", base), ("PUBLISH", base, f"{me}|")], True
+
+    async def _subscribed(self, conn: Lent, inboxes: set[str]) -> dict[str, int] | None:
+        """How many subscribers each of ``inboxes`` (Lua waiters' processes) has now
+        (``PUBSUB NUMSUB``), before a hand-over: a waiter nobody hears is skipped, as the
+        Lua path's RELEASE skips one whose PUBLISH reached nobody. Asked before the
+        transaction, never after: a hand-over found unheard after its EXEC cannot be taken
+        back, as its waiter may have claimed it meanwhile (subscribed late, it asks, and
+        its ACQUIRE finds it the owner). None (every registered waiter counts as live: a
+        dead one costs its lease ttl) where PUBLISH counts are not trusted or the ACL user
+        may not run ``PUBSUB NUMSUB``."""
+        if not inboxes or not self.publish_counts or not self._numsub:
+            return None
+        try:
+            [reply] = await conn.run(("PUBSUB", "NUMSUB", *inboxes))
+        except _ERRORS as exc:
+            if "noperm" not in str(exc).lower() and "no permissions" not in str(exc).lower():
+                raise
+            self._numsub = False
+            log.info("Redis at %s refuses PUBSUB NUMSUB to this user: a release through "
+                     "transactions cannot skip a killed Lua-path waiter (it holds the "
+                     "lock until its lease ttl lapses); grant +pubsub|numsub", self._url)
+            return None
+        return {_text(k): int(v) for k, v in _redis_txn_ops.pairs(reply)}
 
     # -- holders, listing, revocation, proclaim (see _redis_txn_ops) ----------------------
 

@@ -46,7 +46,8 @@ from ._redis_lend import ABORTED
 if TYPE_CHECKING:
     from ._redis_txn import RedisTxnBackend
 
-__all__ = ["HELD_IN_HASH", "RETRIES", "force_release", "inspect", "ms", "set_info", "text"]
+__all__ = ["HELD_IN_HASH", "RETRIES", "force_release", "inspect", "ms", "pairs", "set_info",
+           "text"]
 
 #: Aborted ``EXEC`` in a row before a revocation or a proclaim raises.
 RETRIES = 10
@@ -74,7 +75,7 @@ async def inspect(backend: RedisTxnBackend, name: str, kind: Kind) -> LockInfo:
     held = _held_ms(since, gttl, pttl, now)
     if not shared:
         return lock_info(name, kind, [*head, info or "", held])
-    holders, records = (_pairs(r) for r in rest)
+    holders, records = (pairs(r) for r in rest)
     live = [(m, int(float(score))) for m, score in holders if float(score) > now]
     record = dict(records)
     found: list[Any] = []
@@ -118,7 +119,6 @@ async def force_release(backend: RedisTxnBackend, name: str, kind: Kind) -> bool
         else:
             raise BackendUnavailable(f"the revocation of {name!r} on {backend.url} kept "
                                      f"conflicting with other clients")
-    await backend.pass_on_unheard(name, kind, plan, done)  # a dead waiter is skipped
     return True
 
 
@@ -156,7 +156,7 @@ def _held_ms(since: Any, gttl: Any, pttl: int, now: int) -> int:
     return -1
 
 
-def _pairs(reply: Any) -> list[tuple[Any, Any]]:
+def pairs(reply: Any) -> list[tuple[Any, Any]]:
     """``(field, value)`` pairs of a ``WITHSCORES`` or ``HGETALL`` reply, as RESP2 (a flat
     list) or RESP3 (pairs, a map) gives it."""
     if isinstance(reply, dict):

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.timeout(90)
 #: commands; the keys ``~aiolock:*`` and channels ``&aiolock:*`` are added below)
 DOC_LINE = (
     "+ping +watch +unwatch +multi +exec +get +set +mget +incr +del +hget +hmget +hset +pttl"
-    " +pexpire +lrange +ltrim +llen +time +publish +subscribe +unsubscribe +scan +zrange"
+    " +pexpire +lrange +ltrim +llen +time +publish +subscribe +unsubscribe +pubsub|numsub +scan +zrange"
     " +hgetall")
 DOC_COMMANDS = DOC_LINE.split()
 
