@@ -381,7 +381,11 @@ async def test_spurious_watch_event_does_not_strand_a_waiter(backend_url: str, n
         (path,) = backend._watching
         backend.client.session.event_dispatch(
             WatchEvent(type=WatchEvent.CHILDREN_CHANGED, state=3, path=path))
-        await asyncio.sleep(0.3)  # it looked again: still busy
+        await asyncio.sleep(0.3)  # it looks again: still busy, it watches again
+        for _ in range(100):  # (a busy machine may take longer)
+            if path in backend._watching:
+                break
+            await asyncio.sleep(0.05)
         assert not waiter.done() and path in backend._watching
         released = time.monotonic()
         await holder.release()
