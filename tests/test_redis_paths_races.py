@@ -493,11 +493,7 @@ async def _holder_also_queued(admin: Any, name: str, inbox: str) -> tuple[str, A
 
 @pytest.mark.parametrize("path", [
     "lua",
-    pytest.param("txn", marks=pytest.mark.xfail(strict=True, reason=(
-        "force_release through transactions reads the waiters' keys before it writes "
-        "its revocation mark: a revoked holder that also has a live place in the queue "
-        "is handed the lock straight back (new token, no mark seen): its renewals go on "
-        "and it is never told it was revoked"))),
+    "txn",
 ])
 async def test_revocation_never_hands_the_lock_back_to_the_revoked_holder(
     txn: str, name: str, admin: Any, path: str,
@@ -519,10 +515,6 @@ async def test_revocation_never_hands_the_lock_back_to_the_revoked_holder(
         await pubsub.aclose()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a release (either path) hands the lock back to its own releaser when that owner "
-    "still has a live place in the queue: the lock is then held by a finished claim, "
-    "and every waiter waits out its ttl"))
 @pytest.mark.parametrize("path", ["lua", "txn"])
 async def test_a_release_never_hands_the_lock_back_to_its_releaser(
     txn: str, name: str, admin: Any, path: str, monkeypatch: pytest.MonkeyPatch,
@@ -595,11 +587,6 @@ async def test_a_stale_grant_message_is_not_believed(
             await holder.release()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a hand-over message not believed (token not above the one seen) pops the claim "
-    "from Signals.claims, and its 'fresh' mark answers busy without asking (nothing "
-    "puts it back): the real hand-over that follows is dropped, and the waiter holds "
-    "the lock on the server without knowing until its timer (a third of its ttl)"))
 async def test_after_a_stale_grant_message_the_real_hand_over_is_heard(
     txn: str, lua: str, name: str, admin: Any,
 ) -> None:
@@ -627,11 +614,7 @@ async def test_after_a_stale_grant_message_the_real_hand_over_is_heard(
 
 @pytest.mark.parametrize("path", [
     "lua",
-    pytest.param("txn", marks=pytest.mark.xfail(strict=True, reason=(
-        "a release through transactions looks at the first 8 queue entries only: with "
-        "8 dead waiters ahead it frees the lock and publishes on the lock's channel, "
-        "which the Lua path's registered waiters do not hear; the live waiter behind "
-        "waits out its timer (a third of its ttl: 10 s for ttl 30) with the lock free"))),
+    "txn",
 ])
 async def test_a_live_lua_waiter_behind_many_dead_ones_is_handed_the_lock(
     txn: str, lua: str, name: str, admin: Any, path: str,
@@ -703,10 +686,6 @@ async def test_a_waiter_of_either_path_is_not_starved_by_lua_local_hand_offs(
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a waiter that does not trust hand-over messages (trust_handoffs False: Sentinel) "
-    "is woken by one, then answers busy from its 'fresh' mark without asking: the lock "
-    "it was handed sits idle on the server until its timer (a third of its ttl)"))
 async def test_a_waiter_that_does_not_trust_hand_overs_asks_at_once(
     txn: str, lua: str, name: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

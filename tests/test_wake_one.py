@@ -148,12 +148,13 @@ async def test_a_claim_whose_abandon_failed_hands_on_a_lock_it_is_handed(
         await second.release()
 
 
-async def test_a_hand_off_costs_one_script_of_eight_commands(
+async def test_a_hand_off_costs_one_script_of_nine_commands(
     own_server: RedisServer,  # noqa: F811
 ) -> None:
     """A release that hands the lock to a waiter of another process costs the RELEASE
-    script and 7 commands in it (HGET, LPOP, GET of the waiter's key: its place lapses
-    with it; INCR, HSET, PEXPIRE, PUBLISH: its count tells the process is live), and the
+    script and 8 commands in it (HGET, LPOP, GET of the waiter's key: its place lapses
+    with it; DEL of that key: its place is used up; INCR, HSET, PEXPIRE, PUBLISH: its
+    count tells the process is live), and the
     waiter takes the grant from the message, without a request."""
     admin = aioredis.Redis.from_url(own_server.url)
 
@@ -173,5 +174,5 @@ async def test_a_hand_off_costs_one_script_of_eight_commands(
     await admin.aclose()
     spent = {k: n - before.get(k, 0) for k, n in after.items() if n - before.get(k, 0)}
     spent.pop("info", None)
-    assert spent == {"evalsha": 1, "hget": 1, "lpop": 1, "get": 1, "incr": 1, "hset": 1,
-                     "pexpire": 1, "publish": 1}, spent
+    assert spent == {"evalsha": 1, "hget": 1, "lpop": 1, "get": 1, "del": 1, "incr": 1,
+                     "hset": 1, "pexpire": 1, "publish": 1}, spent

@@ -69,7 +69,7 @@ if ARGV[1] ~= 'x' then
 end
 if revoked == 0 then return 0 end
 if ARGV[1] == 'x' then
-  if not hand_over(ARGV[2] == '1', ARGV[4] == '1') then redis.call('publish', KEYS[1], '|') end
+  if not hand_over(ARGV[2] == '1', ARGV[4] == '1', holder) then redis.call('publish', KEYS[1], '|') end
 else
   redis.call('publish', KEYS[1], '|' .. (redis.call('lindex', KEYS[3], 0) or ''))
 end

@@ -70,14 +70,19 @@ async def try_lock(backend: RedisBackend, claim: Claim) -> Granted | Busy:
         if isinstance(handoff, asyncio.Future):  # a release of ours may hand it to us
             await asyncio.shield(handoff)
         token = state.pop("grant", None)
-        if (backend.trust_handoffs and isinstance(token, int)
-                and token > state.get("seen", 0)):  # type: ignore[operator]
-            sent = state["sent"]
-            assert isinstance(sent, float)
-            left = claim.ttl_ms - int((time.monotonic() - sent) * 1000)
-            if left > claim.ttl_ms // 2:  # else ask the server for the exact time left
-                signals.claims.pop(claim.owner, None)
-                return Granted(token, left)
+        if token is not None:
+            if (backend.trust_handoffs and isinstance(token, int)
+                    and token > state.get("seen", 0)):  # type: ignore[operator]
+                sent = state["sent"]
+                assert isinstance(sent, float)
+                left = claim.ttl_ms - int((time.monotonic() - sent) * 1000)
+                if left > claim.ttl_ms // 2:  # else ask the server for the exact time left
+                    signals.claims.pop(claim.owner, None)
+                    return Granted(token, left)
+            # a grant message not taken as it is (stale, untrusted, or too little left):
+            # ask the server now, never answer busy from the mark -- the message took the
+            # claim out of Signals.claims, and only an ACQUIRE (below) puts it back
+            state.pop("fresh", None)
         fresh = state.pop("fresh", None)
         if fresh is not None and signals.unbroken(backend.inbox, fresh):
             due = state["due"]

@@ -73,10 +73,11 @@ class Connections:
         data = b"".join(hiredis.pack_command(c) for c in commands)
         if len(commands) == 1:  # one command: an error reply raises
             try:
-                return [await conn.send(data, retry=False)]  # (a retry would lose WATCH)
+                replies: list[Any] = await conn.send(data, retry=False)  # (a retry would lose WATCH)
+                return replies
             except ResponseError as exc:
                 return [exc]
-        replies: list[Any] = await conn.send(data, len(commands), retry=False)
+        replies = await conn.send(data, len(commands), retry=False)
         return replies
 
     async def give_back(self, conn: Any, left: str) -> None:

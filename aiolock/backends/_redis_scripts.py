@@ -137,9 +137,11 @@ end
 #: ``entry(owner, x)`` a queue entry and ``parse_entry(e)`` -> owner, registration (nil
 #: for an entry of the owner alone); ``take(owner, ttl, info, queued)`` grants KEYS[1] (a
 #: new token; every 64th grant from the queue also renews the queue's expiry);
-#: ``hand_over(announce, trust)`` grants it to the first live registered waiter and tells
-#: its process (and, for an election, the observers on KEYS[1]): the new owner and its
-#: token, or nil if nobody waits (trust: the PUBLISH count decides who is live, see above).
+#: ``hand_over(announce, trust, passed)`` grants it to the first live registered waiter
+#: (never ``passed``: the releasing or revoked owner) and tells its process (and, for an
+#: election, the observers on KEYS[1]): the new owner and its token, or nil if nobody
+#: waits (trust: the PUBLISH count decides who is live, see above). A grant deletes the
+#: waiter key of the claim it goes to: any other entry of that claim is dead from then on.
 WAITER = """
 local function registration(x)
   if not x then return nil end
@@ -166,16 +168,20 @@ local function take(owner, ttl, info, queued)
   if queued and token % 64 == 0 then redis.call('pexpire', KEYS[3], queue_ttl(ttl)) end
   return token
 end
-local function hand_over(announce, trust)
+local function hand_over(announce, trust, passed)
   local taken = false
   local e = redis.call('lpop', KEYS[3])
   while e do
     local next = parse_entry(e)
     -- the waiter key, not the entry: a place lapses with it (a waiter frozen past its
     -- ttl keeps its pub/sub connection, so a PUBLISH count alone would still hear it)
-    local x = redis.call('get', KEYS[1] .. ':x:' .. next)
+    local xkey = KEYS[1] .. ':x:' .. next
+    local x = redis.call('get', xkey)
     local ttl, inbox, info = registration(x)
-    if ttl then
+    if ttl and next ~= passed then
+      -- its place is used up: a second entry of the same claim (left by a place that
+      -- lapsed and was taken again) is skipped, never handed the lock it holds or held
+      redis.call('del', xkey)
       local token = take(next, ttl, info, true)
       taken = true
       local heard = redis.call('publish', inbox, KEYS[1] .. '|' .. next .. '|' .. token)
@@ -335,13 +341,16 @@ if not free then return {released, '', 0, 0} end
 if ARGV[5] ~= '' and holder then
   local x = redis.call('get', KEYS[1] .. ':x:' .. ARGV[5])
   if not x or registration(x) then
-    if x then redis.call('lrem', KEYS[3], 1, entry(ARGV[5], x)) end
+    if x then
+      redis.call('lrem', KEYS[3], 1, entry(ARGV[5], x))
+      redis.call('del', KEYS[1] .. ':x:' .. ARGV[5])
+    end
     local token = take(ARGV[5], ARGV[6], ARGV[7] or '', x)
     if announce then redis.call('publish', KEYS[1], '|') end
     return {released, ARGV[5], token, redis.call('llen', KEYS[3])}
   end
 end
-local next, token = hand_over(announce, ARGV[9] == '1')
+local next, token = hand_over(announce, ARGV[9] == '1', me)
 if next then return {released, next, token, 0} end
 if holder then
   redis.call('del', KEYS[1])

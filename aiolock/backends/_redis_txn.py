@@ -30,7 +30,10 @@ and releases in slots of their own (:data:`URGENT`):
   mark ``v`` (``force_release`` on either path) is answered :data:`~aiolock.abc.REVOKED`;
 * release: ``WATCH`` the hash, the counter and the queue; if this owner holds it, hand it
   to the first live waiter of the Lua path (as its ``RELEASE`` does: new token, message
-  on that waiter's inbox; an election also publishes ``|`` on its channel), else ``DEL``
+  on that waiter's inbox, its waiter key deleted; an election also publishes ``|`` on its
+  channel; live: its waiter key has not lapsed and ``PUBSUB NUMSUB`` finds its inbox
+  heard, asked before ``MULTI``; never the releaser itself; the queue is read page by
+  page to its end), else ``DEL``
   it and publish ``<owner>|`` on the lock's channel, where the waiters of this path (and
   the Lua path's non-registering listeners, an election's observers) listen;
 * abandon: the Lua path's tombstone on the claim's waiter key first (an acquire in
@@ -79,7 +82,7 @@ log = logging.getLogger("aiolock")
 MAX_CONFLICTS = 5
 #: Seconds to wait (at most, jittered) before trying again after MAX_CONFLICTS aborts.
 CONFLICT_PAUSE = 0.005
-#: Queue entries a release looks at to find a live waiter of the Lua path.
+#: Queue entries a release reads at a time to find a live waiter of the Lua path.
 QUEUE_LOOK = 8
 #: Transactions at once for renewals, releases and abandons: they never queue behind
 #: acquisitions (at most MAX_IN_FLIGHT at once), which a burst of thousands would make
@@ -314,7 +317,8 @@ class RedisTxnBackend(RedisBackend):
                     await conn.unwatch()
                     return False, False
                 plan, freed = await self._tx_plan(conn, base, claim.owner, waiting, last,
-                                                  announce=claim.kind is Kind.LEADER)
+                                                  announce=claim.kind is Kind.LEADER,
+                                                  passed=claim.owner)
                 *_, done = await conn.run(("MULTI",), *plan, ("EXEC",))
                 if done is not ABORTED:
                     result = True, freed
@@ -327,35 +331,43 @@ class RedisTxnBackend(RedisBackend):
 
     async def _tx_plan(
         self, conn: Lent, base: str, me: str, waiting: list[Any], last: Any, *,
-        announce: bool = False,
+        announce: bool = False, passed: str = "",
     ) -> tuple[list[tuple[Any, ...]], bool]:
         """The commands of a release (or a revocation: ``me`` "") inside MULTI, and
-        whether they free the lock: to the first live waiter of the Lua path if any (its
-        waiter key now watched too; ``announce``: also ``|`` on the lock's channel, for
-        an election's observers), else free."""
-        queue, plan = base + ":q", []
-        if waiting:
+        whether they free the lock: to the first live waiter of the Lua path if any (never
+        ``passed``, the releasing or revoked owner; its waiter key now watched too, and
+        deleted by the grant, as Lua's ``hand_over`` does; ``announce``: also ``|`` on the
+        lock's channel, for an election's observers), else free. ``waiting`` is the
+        queue's first page; the next pages are read (the queue is watched) until a live
+        waiter is found or the queue ends, as Lua's RELEASE looks at the whole queue."""
+        queue, start = base + ":q", 0
+        while waiting:
             names = [_text(w).partition("|")[0] for w in waiting]  # <owner>|<registration>
             xkeys = [f"{base}:x:{w}" for w in names]
             _, values, now = await conn.run(("WATCH", *xkeys), ("MGET", *xkeys), ("TIME",))
             found = [_registration(value) for value in values]
             heard = await self._subscribed(conn, {f[1] for f in found if f is not None})
             for i, (name, registration) in enumerate(zip(names, found, strict=True)):
-                if registration is None:
+                if registration is None or name == passed:
                     continue
                 ttl, inbox, info = registration
                 if heard is not None and not heard.get(inbox):
                     continue  # nobody hears its inbox: its process is gone (or not yet there)
                 token = int(last or 0) + 1
                 return [
-                    ("LTRIM", queue, i + 1, -1), ("INCR", base + ":seq"),
+                    ("LTRIM", queue, start + i + 1, -1), ("DEL", xkeys[i]),
+                    ("INCR", base + ":seq"),
                     ("HSET", base, "owner", name, "token", token, "info", info,
                      "since", _ms(now)),
                     ("PEXPIRE", base, ttl), ("PUBLISH", inbox, f"{base}|{name}|{token}"),
                     *((("PUBLISH", base, "|"),) if announce else ()),
                 ], False
-            plan.append(("LTRIM", queue, len(names), -1))  # none alive among them
-        return [*plan, ("DEL", base), ("PUBLISH", base, f"{me}|")], True
+            start += len(names)
+            if len(names) < QUEUE_LOOK:
+                break
+            [waiting] = await conn.run(("LRANGE", queue, start, start + QUEUE_LOOK - 1))
+        trim = [("LTRIM", queue, start, -1)] if start else []  # none alive among them
+        return [*trim, ("DEL", base), ("PUBLISH", base, f"{me}|")], True
 
     async def _subscribed(self, conn: Lent, inboxes: set[str]) -> dict[str, int] | None:
         """How many subscribers each of ``inboxes`` (Lua waiters' processes) has now

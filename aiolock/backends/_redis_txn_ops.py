@@ -108,7 +108,7 @@ async def force_release(backend: RedisTxnBackend, name: str, kind: Kind) -> bool
                 return False
             keep = max(REVOKED_KEEP_MS, 2 * int(pttl))
             plan, _ = await backend._tx_plan(conn, base, "", waiting, last,
-                                             announce=kind is Kind.LEADER)
+                                             announce=kind is Kind.LEADER, passed=text(owner))
             *_, done = await conn.run(
                 ("MULTI",), ("SET", f"{base}:x:{text(owner)}", "v", "PX", keep), ("DEL", base),
                 *plan, ("EXEC",),
