@@ -32,6 +32,8 @@ from ..scenarios import by_id
 ROOT = Path(__file__).resolve().parents[2]
 CHURNER = str(Path(__file__).parent / "procs" / "churner.py")
 HOG = "while True: pass"
+#: a worker whose connections are closed (no asyncio task left) exits within this many s
+EXIT_WITHIN = 10.0
 
 
 #: the rows under test: every server backend but Redis's
@@ -57,6 +59,11 @@ def hogs(n: int = 2) -> Iterator[list[subprocess.Popen[bytes]]]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGKILL)
             p.wait()
+
+
+def _trace(what: str) -> None:
+    if os.environ.get("LOAD_TRACE"):
+        print(f"[harness {time.monotonic():.3f}] {what}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -92,9 +99,11 @@ class Worker:
                 return line
 
     async def stderr(self) -> str:
+        """Its stderr (it is killed if it has not ended within 5 s)."""
         assert self.proc.stderr is not None
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.proc.wait(), 5)
+        await self.kill()
         return (await self.proc.stderr.read()).decode(errors="replace")[-3000:]
 
     def signal(self, sig: int) -> None:
@@ -271,6 +280,7 @@ async def churn(tmp: Path, url: str, cfgs: list[dict[str, Any]], seconds: float,
             workers.append(Worker(proc, out, full))
         for w in workers:
             await w.expect("READY", ready_within)
+        _trace("ready")
         stack.enter_context(hogs(hog))
         start = time.monotonic()
         end = start + seconds
@@ -280,6 +290,7 @@ async def churn(tmp: Path, url: str, cfgs: list[dict[str, Any]], seconds: float,
         killed: set[int] = set()
         if fault is not None:
             await fault(workers, start)
+            _trace("fault done")
             killed = {w.pid for w in workers if w.proc.returncode is not None
                       and w.proc.returncode < 0}
         finals: list[str] = []
@@ -287,13 +298,24 @@ async def churn(tmp: Path, url: str, cfgs: list[dict[str, Any]], seconds: float,
             if w.pid in killed:
                 continue
             finals.append(await w.expect("FINAL", seconds + 40))
+            _trace(f"final {w.pid}")
         stack.close()
         (go.parent / (go.name + ".close")).write_text("")
         for w in workers:
             if w.pid in killed:
                 continue
-            await w.expect("DONE", 30)
-            rc = await asyncio.wait_for(w.proc.wait(), 30)
+            await w.expect("DONE", 40)
+            _trace(f"done {w.pid}")
+            try:
+                rc = await asyncio.wait_for(w.proc.wait(), EXIT_WITHIN)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    w.signal(signal.SIGUSR1)  # faulthandler: its threads' stacks
+                await asyncio.sleep(1)
+                raise AssertionError(
+                    f"worker {w.pid} did not exit within {EXIT_WITHIN} s of closing its connections "
+                    f"(its last line: {w.lines[-1]!r}, 'DONE n': n asyncio tasks left): "
+                    f"{await w.stderr()}") from None
             if rc != 0:
                 raise AssertionError(f"worker {w.pid} exited {rc}: {await w.stderr()}")
         run = load([w.out for w in workers], killed, start, end)

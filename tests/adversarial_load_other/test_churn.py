@@ -32,9 +32,11 @@ SECONDS = 2.5
 OVERSHOOT = 5.0
 
 
-def configs(kind: str, procs: int = 3, tasks: int = 4, **extra: Any) -> list[dict[str, Any]]:
+def configs(kind: str, procs: int = 3, tasks: int = 4, opts: dict[str, Any] | None = None,
+            **extra: Any) -> list[dict[str, Any]]:
+    """``procs`` churner configs on one fresh name (``opts``: keys that are Python words)."""
     name = f"load-{kind}-{uuid.uuid4().hex[:8]}"
-    return [{"kind": kind, "name": name, "ttl": TTL, "tasks": tasks, **extra}
+    return [{"kind": kind, "name": name, "ttl": TTL, "tasks": tasks, **(opts or {}), **extra}
             for _ in range(procs)]
 
 
@@ -47,6 +49,8 @@ def common_checks(run: Run, *, liveness: bool = True) -> None:
     assert not lost, f"leases lost with ttl {TTL}: {lost[:5]} ({info})"
     bad = token_faults(run)
     assert not bad, f"{len(bad)} token faults, e.g. {bad[:3]} ({info})"
+    errors = run.of("error")
+    assert not errors, f"BackendUnavailable from a healthy server: {errors[:3]}"
     finals = run.of("final")
     assert all(f["ok"] for f in finals), f"a final acquire timed out (a leaked claim?): {finals}"
     slow = [e for e in run.of("miss") + run.of("cancel") if e["took"] > OVERSHOOT + 0.05]
@@ -61,7 +65,7 @@ def common_checks(run: Run, *, liveness: bool = True) -> None:
 async def test_lock_churn_under_load(scenario: Scenario, backend_url: str, tmp_path: Path) -> None:
     """3 processes x 4 tasks on lock(ttl=5), plus tries, bounded waits and cancelled waits."""
     run, _ = await churn(tmp_path, backend_url,
-                         configs("lock", **{"try": 0.1, "timeouts": 0.1, "cancel": 0.1}),
+                         configs("lock", opts={"try": 0.1, "timeouts": 0.1, "cancel": 0.1}),
                          SECONDS)
     bad = overlaps(run)
     assert not bad, f"{len(bad)} overlaps, e.g. {bad[:3]} ({run.summary()})"
@@ -83,7 +87,7 @@ async def test_fair_lock_churn_under_load(scenario: Scenario, backend_url: str,
                                           tmp_path: Path) -> None:
     """lock(fair=True), with cancelled and bounded waits (queue places given up)."""
     run, _ = await churn(tmp_path, backend_url,
-                         configs("fair", **{"timeouts": 0.1, "cancel": 0.15}), SECONDS)
+                         configs("fair", opts={"timeouts": 0.1, "cancel": 0.15}), SECONDS)
     bad = overlaps(run)
     assert not bad, f"{len(bad)} overlaps, e.g. {bad[:3]} ({run.summary()})"
     common_checks(run)
@@ -95,7 +99,7 @@ async def test_semaphore_churn_under_load(scenario: Scenario, backend_url: str, 
                                           limit: int) -> None:
     run, _ = await churn(tmp_path, backend_url,
                          configs("sem", limit=limit, hold=0.01,
-                                 **{"try": 0.05, "timeouts": 0.1, "cancel": 0.1}), SECONDS)
+                                 opts={"try": 0.05, "timeouts": 0.1, "cancel": 0.1}), SECONDS)
     inside, when = most_inside(run)
     assert inside <= limit, f"{inside} permits held at once at {when} (limit {limit}; {run.summary()})"
     common_checks(run)
@@ -105,7 +109,7 @@ async def test_semaphore_churn_under_load(scenario: Scenario, backend_url: str, 
 async def test_rwlock_churn_under_load(scenario: Scenario, backend_url: str, tmp_path: Path) -> None:
     """A third writers, the rest readers: a writer is alone."""
     run, _ = await churn(tmp_path, backend_url,
-                         configs("rw", wfrac=0.35, hold=0.01, **{"timeouts": 0.05, "cancel": 0.1}),
+                         configs("rw", wfrac=0.35, hold=0.01, opts={"timeouts": 0.05, "cancel": 0.1}),
                          SECONDS)
     bad = overlaps(run, exclusive=lambda x: x.role == "w")
     assert not bad, f"{len(bad)} writer overlaps, e.g. {bad[:3]} ({run.summary()})"
@@ -118,7 +122,7 @@ async def test_election_churn_under_load(scenario: Scenario, backend_url: str,
                                          tmp_path: Path) -> None:
     """Candidates campaign, lead briefly and resign: at most one believes it leads."""
     run, _ = await churn(tmp_path, backend_url,
-                         configs("elect", tasks=2, hold=0.01, **{"timeouts": 0.05, "cancel": 0.1}),
+                         configs("elect", tasks=2, hold=0.01, opts={"timeouts": 0.05, "cancel": 0.1}),
                          SECONDS)
     bad = overlaps(run)
     assert not bad, f"{len(bad)} leaders at once, e.g. {bad[:3]} ({run.summary()})"
@@ -131,7 +135,7 @@ async def test_lock_hard_churn_under_load(scenario: Scenario, backend_url: str,
     """5 processes x 5 tasks on 3 connections each, holds of at most 1 ms, a quarter of
     the waits cancelled at random points, releases cancelled at random points, tries."""
     cfg = configs("lock", procs=5, tasks=5, conns=3, hold=0.001, relcancel=0.2,
-                  **{"try": 0.05, "timeouts": 0.1, "cancel": 0.25})
+                  opts={"try": 0.05, "timeouts": 0.1, "cancel": 0.25})
     run, _ = await churn(tmp_path, backend_url, cfg, 3.0)
     bad = overlaps(run)
     assert not bad, f"{len(bad)} overlaps, e.g. {bad[:3]} ({run.summary()})"
@@ -154,6 +158,7 @@ async def test_semaphore_many_permits_short_ttl_under_load(scenario: Scenario, b
     bad = token_faults(run)
     assert not bad, f"{len(bad)} token faults, e.g. {bad[:3]} ({run.summary()})"
     assert all(f["ok"] for f in run.of("final")), run.of("final")
+    assert not run.of("error"), f"BackendUnavailable from a healthy server: {run.of('error')[:3]}"
     print(run.summary(), "most inside", inside)
 
 

@@ -255,6 +255,7 @@ async def test_short_ttl_long_holds_under_load(scenario: Scenario, backend_url: 
     assert not bad, f"{len(bad)} overlaps, e.g. {bad[:3]} ({run.summary()})"
     bad = token_faults(run)
     assert not bad, f"{len(bad)} token faults, e.g. {bad[:3]} ({run.summary()})"
+    assert not run.of("error"), f"BackendUnavailable from a healthy server: {run.of('error')[:3]}"
     print(run.summary())
 
 
@@ -308,3 +309,96 @@ async def test_waiters_survive_event_loop_stalls(scenario: Scenario, backend_url
     errors = run.of("error")
     assert not errors, (f"{len(errors)} acquires (timeout=None) failed with BackendUnavailable, "
                         f"the server up, after the loop stalled: {errors[:2]}")
+
+
+@other_rows(C.DISTRIBUTED)
+async def test_waiter_in_a_stalled_loop_is_not_failed(scenario: Scenario, backend_url: str,
+                                                      tmp_path: Path) -> None:
+    """Three tasks of the test process wait on the lock (``acquire()``, ttl 1 s, one
+    connection) again and again while
+    its own event loop is stalled 0.6 to 0.9 s at a time (two churners hold it up to
+    1.5 s each time): every wait ends with a lease, never with BackendUnavailable (the
+    server is up and answers; request_timeout is 5 s)."""
+    name = f"load-tstall-{uuid.uuid4().hex[:8]}"
+    cfg = [{"kind": "lock", "name": name, "ttl": 1.0, "conns": 1, "tasks": 1, "hold": 1.5}
+           for _ in range(2)]
+    outcomes: list[str] = []
+
+    async def fault(_workers: list[Worker], go: float) -> None:
+        async with aiolock.connect(backend_url) as locks:
+            lock = locks.lock(name, ttl=1.0)
+
+            async def waiter() -> None:
+                while time.monotonic() < go + 8.0:
+                    try:
+                        lease = await lock.acquire()
+                    except aiolock.BackendUnavailable as e:
+                        outcomes.append(f"{type(e).__name__}: {e}")
+                        continue
+                    outcomes.append("ok")
+                    await lease.release()
+
+            waiters = [asyncio.create_task(waiter()) for _ in range(3)]
+            while not all(w.done() for w in waiters):
+                time.sleep(0.6 + 0.3 * (time.monotonic() % 1))  # the loop stalls
+                await asyncio.sleep(0.02)
+            for w in waiters:
+                w.result()
+
+    run, _ = await churn(tmp_path, backend_url, cfg, 9.0, fault)
+    errors = [o for o in outcomes if o != "ok"]
+    print(run.summary(), f"{len(outcomes)} waits in the stalled loop, {len(errors)} failed")
+    assert outcomes, "the stalled waiter never finished a wait"
+    assert not errors, (f"{len(errors)} of {len(outcomes)} waits (timeout=None) failed, the "
+                        f"server up, after the loop stalled: {errors[:2]}")
+
+
+@other_rows(C.DISTRIBUTED, C.REVOKE)
+async def test_revocations_while_others_churn(scenario: Scenario, backend_url: str,
+                                              tmp_path: Path) -> None:
+    """``force_release()`` every 0.1-0.5 s while 3 processes churn (ttl 3): a revoked
+    holder reads lost (its block raises LockLost) at its next renewal, within ttl/3 (+
+    slack); an overlap may only be a revoked lease's last moments; tokens keep increasing;
+    nothing is left held by nobody."""
+    ttl = 3.0
+    name = f"load-revoke-{uuid.uuid4().hex[:8]}"
+    cfg = [{"kind": "lock", "name": name, "ttl": ttl, "tasks": 3, "hold": 0.15}
+           for _ in range(3)]
+    revokes: list[tuple[float, float, bool]] = []
+
+    async def fault(_workers: list[Worker], go: float) -> None:
+        async with aiolock.connect(backend_url) as locks:
+            lock = locks.lock(name, ttl=ttl)
+            while time.monotonic() < go + 2.5:
+                await asyncio.sleep(0.1 + 0.4 * (time.monotonic() % 1))
+                r0 = time.monotonic()
+                was = await lock.force_release()
+                revokes.append((r0, time.monotonic(), was))
+
+    run, _ = await churn(tmp_path, backend_url, cfg, 3.0, fault)
+    info = run.summary()
+    bad = token_faults(run)
+    assert not bad, f"{len(bad)} token faults, e.g. {bad[:3]} ({info})"
+    assert all(f["ok"] for f in run.of("final")), run.of("final")
+    assert not run.of("error"), f"BackendUnavailable from a healthy server: {run.of('error')[:3]}"
+    assert any(was for *_, was in revokes), f"nothing revoked in {len(revokes)} tries ({info})"
+    late = []
+    ivs = sorted(run.granted, key=lambda x: x.enter or 0)
+    for a in ivs:
+        if a.believed is None or a.enter is None:
+            continue
+        for b in ivs:
+            if b is a or b.enter is None or not (a.enter < b.enter < a.believed):
+                continue
+            # a believed while b was granted: only a revoked lease (a revocation that
+            # ended after a's acquire began, began before b's grant), in its last ttl/3
+            rv = [r0 for r0, r1, _ in revokes if a.start <= r1 and r0 <= b.enter]
+            if not a.lost or not rv or a.believed - max(rv) > ttl / 3 + SLACK:
+                near = [(round(r0, 3), round(r1, 3), w) for r0, r1, w in revokes
+                        if a.start - 1 <= r1 and r0 <= b.enter + 1]
+                late.append((a.key, a.tok, a.lost, round(a.start, 3), round(a.enter, 3),
+                             round(a.believed, 3), b.key, b.tok, round(b.start, 3),
+                             round(b.enter, 3), near))
+    assert not late, f"{len(late)} overlaps not explained by a revocation: {late[:3]} ({info})"
+    print(info, f"{len(revokes)} revokes, {sum(w for *_, w in revokes)} held, "
+          f"{len(overlaps(run))} overlaps (revoked leases' last moments)")

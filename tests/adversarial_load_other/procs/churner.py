@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import json
 import os
 import random
+import signal
 import sys
 import time
 from typing import Any
@@ -142,6 +144,17 @@ async def stalls(log: Log, most: float, end: float, gap: float = 0.8, least: flo
         time.sleep(took)  # the point: the loop stalls
 
 
+async def report_hang(after: float) -> None:
+    """If closing the connections takes longer than ``after`` s, print every task's stack."""
+    await asyncio.sleep(after)
+    print(f"HUNG closing for {after}s; tasks:", file=sys.stderr, flush=True)
+    for t in asyncio.all_tasks():
+        if t is not asyncio.current_task():
+            print(repr(t)[:300], file=sys.stderr)
+            t.print_stack(limit=12, file=sys.stderr)
+    sys.stderr.flush()
+
+
 def exists(path: str) -> bool:
     return os.path.exists(path)
 
@@ -179,9 +192,18 @@ async def main(cfg: dict[str, Any]) -> None:
             print("FINAL ok", flush=True)
         while not exists(cfg["go"] + ".close"):
             await asyncio.sleep(0.01)
+        print("CLOSING", flush=True)
+        hang = asyncio.create_task(report_hang(10.0))
+    hang.cancel()
     log.rec(ev="done", t=time.monotonic())
-    print("DONE", flush=True)
+    # every connection is closed: whatever task still runs was left behind by it
+    left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()
+            and "report_hang" not in repr(t)]
+    for t in left:
+        print("LEFT", repr(t)[:300], file=sys.stderr, flush=True)
+    print("DONE", len(left), flush=True)
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1)  # the harness asks for stacks of a hung worker
     asyncio.run(main(json.loads(sys.argv[1])))
