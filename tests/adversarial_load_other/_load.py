@@ -322,5 +322,10 @@ async def churn(tmp: Path, url: str, cfgs: list[dict[str, Any]], seconds: float,
         return run, workers
     finally:
         stack.close()
+        for w in workers:  # at once, before any await: no worker outlives the test
+            if w.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.pid, signal.SIGCONT)
+                    os.kill(w.pid, signal.SIGKILL)
         for w in workers:
             await w.kill()

@@ -15,10 +15,6 @@ from .._children import known_defects
 
 #: test id (as pytest shows it, without the file) -> the one-line symptom of an open defect
 KNOWN_DEFECTS: dict[str, str] = {
-    "test_server_restart_while_processes_churn[etcd]": (
-        "etcd: after the server restarted under churn, a worker process whose "
-        "aiolock.connect() block has exited (no asyncio task left) does not exit: "
-        "interpreter shutdown hangs >= 10 s (orphans seen alive for minutes, in grpc threads)"),
 }
 
 _ETCD_STALL = (
@@ -31,7 +27,15 @@ _ETCD_STALL = (
 RARE_DEFECTS: dict[str, str] = {
     "test_event_loop_stalls_under_load[lock-etcd]": _ETCD_STALL,
     "test_waiters_survive_event_loop_stalls[etcd]": _ETCD_STALL,
+    "test_server_restart_while_processes_churn[etcd]": (
+        "etcd: after the server restarted under churn, a worker process whose "
+        "aiolock.connect() block has exited (no asyncio task left) does not exit: "
+        "interpreter shutdown hangs >= 10 s (orphans seen alive for minutes, in grpc "
+        "threads), or the test itself hangs; seen in 8 runs of 9"),
 }
+
+#: the rare defects that can hang the test itself: a short timeout (as KNOWN_HANGS)
+HANGS = {"test_server_restart_while_processes_churn[etcd]"}
 
 #: tests (full ids, or names without parameters) that found a defect: default run
 DEFAULT: set[str] = set(KNOWN_DEFECTS) | set(RARE_DEFECTS)
@@ -42,5 +46,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         rare = RARE_DEFECTS.get(item.name)
         if rare is not None:
             item.add_marker(pytest.mark.xfail(reason=rare, strict=False))
+        if item.name in HANGS:
+            item.add_marker(pytest.mark.timeout(60))
         if item.name not in DEFAULT and item.name.partition("[")[0] not in DEFAULT:
             item.add_marker(pytest.mark.slow)
