@@ -648,3 +648,22 @@ async def test_a_key_gone_before_its_watch_is_confirmed_still_wakes(url: str) ->
         assert time.monotonic() - started < 1.0  # woken, not timed out
         backend.unlisten("probe", Kind.LOCK, waiter)
 
+
+
+@pytest.mark.parametrize("stall", [0.3, 1.2])
+async def test_a_keep_alive_answered_during_a_loop_stall_counts(url: str, stall: float) -> None:
+    """The event loop blocked (a CPU-bound callback, a starved process) past a keep-alive
+    batch's deadline while the server answered: the reply, queued behind the timer, is
+    read and believed -- not a BackendUnavailable with the server up (which failed every
+    waiter of the connection; tests/adversarial_load_other found it under load)."""
+    async with asyncio.timeout(20), aiolock.connect(url) as locks:
+        backend = locks.backend
+        assert isinstance(backend, EtcdBackend)
+        async with locks.lock(f"stall-{uuid.uuid4().hex}", ttl=3):
+            session = backend._leases
+            (lease_id,) = list(session.leases)
+            batch = asyncio.ensure_future(session.keep_alive([lease_id], time.monotonic() + 0.1))
+            await asyncio.sleep(0)  # sent
+            time.sleep(stall)  # (the stall under test)
+            (ttl,) = await batch
+            assert ttl > 0

@@ -49,6 +49,10 @@ log = logging.getLogger("aiolock.backends.etcd")
 
 #: A keep-alive is sent only for a lease believed alive this long after the send (s).
 MARGIN = 0.1
+#: A keep-alive batch's timer that fired this late (s) says the event loop was blocked or
+#: starved: its replies then get up to STALL_GRACE more to be read (else LATE more).
+LATE = 0.02
+STALL_GRACE = 0.5
 #: A lease that carries this many tombstones (see ``abandon``) is retired: later claims
 #: get a new one, and the tombstones go when it is revoked.
 TOMBSTONES = 1000
@@ -121,9 +125,17 @@ class LeaseSession:
         since = time.monotonic()
         wait = max(0.0, min(self._conn.request_timeout, until - since))
         try:
-            async with asyncio.timeout(wait):
-                return await batch.done
-        except TimeoutError:
+            await asyncio.wait((batch.done,), timeout=wait)
+            if not batch.done.done():
+                # A reply may be in already, its callbacks queued behind this timer: the
+                # loop was blocked (or starved of CPU) past the deadline. Let them run
+                # before deciding: a late reply is as good (a lease is believed from when
+                # its keep-alive was sent, never from when the reply is read).
+                late = time.monotonic() - (since + wait)
+                grace = min(STALL_GRACE, self._conn.request_timeout) if late > LATE else LATE
+                await asyncio.wait((batch.done,), timeout=grace)
+            if batch.done.done():
+                return batch.done.result()
             if self.stream is stream and self._last_reply < since:
                 # stuck, not slow (a member cut off, or a keep-alive waiting for a
                 # revocation): afresh; a slow stream keeps its other batches going
@@ -131,7 +143,7 @@ class LeaseSession:
                 stream.close()
             raise BackendUnavailable(
                 f"etcd at {self._conn.url} did not answer a keep-alive within {wait:.2f} s"
-            ) from None
+            )
         finally:
             batch.done.cancel()
 
