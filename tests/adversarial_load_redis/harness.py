@@ -76,7 +76,11 @@ def read(paths: list[Path], killed: dict[int, float]) -> Run:
 
 def violations(run: Run, *, limit: int = 1) -> tuple[list[str], list[str]]:
     """Instants where more were inside than allowed (``limit`` permits; a writer must be
-    alone): (violations with no lost lease among those inside, those excused by one)."""
+    alone): (violations, those excused by lost leases).
+
+    A hold whose lease was lost by its end may have lost it before the newest one came
+    in: it is excused. One that was not lost was valid throughout, and the newest was
+    just granted: if those are more than allowed, it is a violation."""
     events: list[tuple[float, int, int]] = []
     for i, h in enumerate(run.holds):
         events.append((h.start, 1, i))
@@ -92,9 +96,12 @@ def violations(run: Run, *, limit: int = 1) -> tuple[list[str], list[str]]:
         inside.add(i)
         members = [run.holds[j] for j in inside]
         writer = any(m.kind == "w" for m in members)
-        if len(members) > limit or (writer and len(members) > 1):
-            text = " | ".join(map(str, sorted(members, key=lambda m: m.start)))
-            (excused if any(m.lost for m in members) else bad).append(text)
+        if not (len(members) > limit or (writer and len(members) > 1)):
+            continue
+        valid = [run.holds[i]] + [m for m in members if m is not run.holds[i] and not m.lost]
+        strict = len(valid) > limit or (any(m.kind == "w" for m in valid) and len(valid) > 1)
+        text = " | ".join(map(str, sorted(members, key=lambda m: m.start)))
+        (bad if strict else excused).append(text)
     return bad, excused
 
 
@@ -192,11 +199,19 @@ async def churn(workers: list[Worker], tmp: Path, urls: list[str], mode: str, na
         stderr[w.pid] = err
         if "CLOSED" not in out:
             errors.append(f"worker {w.pid} did not close: {err[-2000:]}")
+    for pid, err in stderr.items():  # an error nobody saw is an error too
+        errors += [f"worker {pid} stderr: {line}" for line in err.splitlines()
+                   if any(mark in line for mark in NOISE)][:5]
     run = read([tmp / f"w{i}.log" for i in range(procs)], killed)
     run.errors = errors + run.errors
     run.stderr = stderr
     run.start, run.end = start, end
     return run
+
+
+#: what a worker's stderr must not show: an exception or a task nobody awaited
+NOISE = ("Traceback", "never retrieved", "was destroyed but it is pending", "Warning",
+         "Error", "Exception")
 
 
 def kill9(worker: Worker) -> None:

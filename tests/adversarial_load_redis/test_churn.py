@@ -39,13 +39,16 @@ def fresh(kind: str) -> str:
 async def poll_status(url: str, name: str, until: float,
                       seen: list[tuple[int, tuple[int, ...], int]]) -> None:
     """Read ``status(name)`` back to back until ``until``: (token, holder pids, holders)
-    of each read that found it held."""
+    of each read that found it held; successive reads never go back to an older token."""
+    last = 0
     async with aiolock.connect(url) as locks:
         while time.monotonic() < until:
             info = await locks.status(name)
             if info.held:
-                seen.append((int(info.token or 0), tuple(h.pid for h in info.held_by),
-                             int(info.holders)))
+                token = int(info.token or 0)
+                seen.append((token, tuple(h.pid for h in info.held_by), int(info.holders)))
+                assert token >= last, f"status went back from token {last} to {token}"
+                last = token
             await asyncio.sleep(0.002)
 
 
@@ -66,7 +69,7 @@ def judge(run_: object, *, limit: int = 1, idle: float = 3.0) -> None:
     assert gap < idle, f"nobody held for {gap:.2f}s\n{text}"
 
 
-@rows_with(default=("redis", "redis-nolua", "mixed"))
+@rows_with()
 async def test_lock_exclusion_and_tokens_under_load(
         load_row: str, load_urls: list[str], check_url: str, hogs: list[Child],
         workers: list[Worker], tmp_path: Path) -> None:
@@ -74,25 +77,23 @@ async def test_lock_exclusion_and_tokens_under_load(
     seen: list[tuple[int, tuple[int, ...], int]] = []
 
     async def during(_ws: list[Worker], end: float) -> None:
-        await poll_status(check_url, name, end, seen)
+        # status() read through each path of the row (the mixed row: Lua and transactions)
+        await asyncio.gather(*(poll_status(url, name, end, seen)
+                               for url in dict.fromkeys([check_url, load_urls[0]])))
 
     run = await churn(workers, tmp_path, load_urls, "lock", name, procs=PROCS,
                       seconds=SECONDS, opts=("--tasks", str(TASKS)), during=during)
     judge(run)
-    # status(): a held lock shows one holder, the process its token was granted to,
-    # and successive reads never go back to an older token
+    # status(): a held lock shows one holder, the process its token was granted to
     owner = {h.token: h.pid for h in run.holds}
-    last = 0
     for token, pids, holders in seen:
         assert holders == 1 and len(pids) == 1, (token, pids, holders)
         assert token in owner, f"status showed token {token}, never granted"
         assert pids[0] == owner[token], f"token {token}: status says pid {pids[0]}, granted to {owner[token]}"
-        assert token >= last, f"status went back from token {last} to {token}"
-        last = token
     assert seen, "status never saw the lock held"
 
 
-@rows_with(default=("redis", "mixed"))
+@rows_with()
 async def test_reentrant_lock_under_load(load_row: str, load_urls: list[str],
                                          hogs: list[Child], workers: list[Worker],
                                          tmp_path: Path) -> None:
@@ -101,7 +102,7 @@ async def test_reentrant_lock_under_load(load_row: str, load_urls: list[str],
     judge(run)
 
 
-@rows_with(C.FAIR, default=("redis",))
+@rows_with(C.FAIR)
 async def test_fair_lock_under_load(load_row: str, load_urls: list[str], hogs: list[Child],
                                     workers: list[Worker], tmp_path: Path) -> None:
     run = await churn(workers, tmp_path, load_urls, "fair", fresh("fair"), procs=PROCS,
@@ -115,7 +116,7 @@ async def test_fair_lock_under_load(load_row: str, load_urls: list[str], hogs: l
 
 
 @pytest.mark.parametrize("limit", [1, 3])
-@rows_with(C.SEMAPHORE, default=("redis",))
+@rows_with(C.SEMAPHORE)
 async def test_semaphore_limit_under_load(load_row: str, load_urls: list[str], limit: int,
                                           hogs: list[Child], workers: list[Worker],
                                           tmp_path: Path) -> None:
@@ -124,7 +125,7 @@ async def test_semaphore_limit_under_load(load_row: str, load_urls: list[str], l
     judge(run, limit=limit)
 
 
-@rows_with(C.RWLOCK, default=("redis",))
+@rows_with(C.RWLOCK)
 async def test_rwlock_writer_alone_under_load(load_row: str, load_urls: list[str],
                                               hogs: list[Child], workers: list[Worker],
                                               tmp_path: Path) -> None:
@@ -135,7 +136,7 @@ async def test_rwlock_writer_alone_under_load(load_row: str, load_urls: list[str
     assert len(writes) >= 5, f"writers starved: {len(writes)} writes"
 
 
-@rows_with(C.ELECTION, default=("redis", "redis-nolua", "mixed"))
+@rows_with(C.ELECTION)
 async def test_at_most_one_leader_under_load(load_row: str, load_urls: list[str],
                                              check_url: str, hogs: list[Child],
                                              workers: list[Worker], tmp_path: Path) -> None:

@@ -37,6 +37,9 @@ from typing import Any, TextIO
 
 import aiolock
 
+#: (chance, seconds): a body stalls its event loop for 0.5-1.5 x seconds
+SPIN = [0.02, 0.03]
+
 
 class Log:
     def __init__(self, out: TextIO) -> None:
@@ -65,8 +68,8 @@ async def body(log: Log, hid: str, lease: Any, kind: str, hold: float,
     log.line("E", hid, time.monotonic(), lease.token, kind, asked)
     log.holds += 1
     try:
-        if rng.random() < 0.02:
-            spin(0.03)
+        if rng.random() < SPIN[0]:
+            spin(SPIN[1] * (0.5 + rng.random()))
         await asyncio.sleep(rng.random() * hold)
     finally:
         log.line("X", hid, time.monotonic(), lease.token, int(bool(lease.lost)))
@@ -161,6 +164,7 @@ async def cancel_round(log: Log, lock: Any, kind: str, hid: str, args: argparse.
 
 
 async def main(args: argparse.Namespace) -> None:
+    SPIN[:] = [args.spin_chance, args.spin]
     out = open(args.out, "a", buffering=1)  # noqa: SIM115, ASYNC230 -- kept open for the run
     log = Log(out)
     conns = [aiolock.connect(args.url) for _ in range(args.conns)]
@@ -193,6 +197,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gap", type=float, default=0.0)
     p.add_argument("--limit", type=int, default=2)
     p.add_argument("--writers", type=int, default=1)
+    p.add_argument("--spin-chance", type=float, default=0.02)
+    p.add_argument("--spin", type=float, default=0.03)
     p.add_argument("--cancel", action="store_true",
                    help="acquires cancelled or timed out at random, as mode cancel")
     return p.parse_args(argv)
