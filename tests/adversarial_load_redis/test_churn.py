@@ -36,6 +36,10 @@ def fresh(kind: str) -> str:
     return f"load-{kind}-{uuid.uuid4().hex[:8]}"
 
 
+#: (asked, answered, LockInfo) of every status() read that found the lock held
+READS: list[tuple[float, float, object]] = []
+
+
 async def poll_status(url: str, name: str, until: float,
                       seen: list[tuple[int, tuple[int, ...], int]]) -> None:
     """Read ``status(name)`` back to back until ``until``: (token, holder pids, holders)
@@ -43,10 +47,12 @@ async def poll_status(url: str, name: str, until: float,
     last = 0
     async with aiolock.connect(url) as locks:
         while time.monotonic() < until:
+            asked = time.monotonic()
             info = await locks.status(name)
             if info.held:
                 token = int(info.token or 0)
                 seen.append((token, tuple(h.pid for h in info.held_by), int(info.holders)))
+                READS.append((asked, time.monotonic(), info))
                 assert token >= last, f"status went back from token {last} to {token}"
                 last = token
             await asyncio.sleep(0.002)
@@ -75,6 +81,7 @@ async def test_lock_exclusion_and_tokens_under_load(
         workers: list[Worker], tmp_path: Path) -> None:
     name = fresh("lock")
     seen: list[tuple[int, tuple[int, ...], int]] = []
+    READS.clear()
 
     async def during(_ws: list[Worker], end: float) -> None:
         # status() read through each path of the row (the mixed row: Lua and transactions)
@@ -88,7 +95,12 @@ async def test_lock_exclusion_and_tokens_under_load(
     owner = {h.token: h.pid for h in run.holds}
     for token, pids, holders in seen:
         assert holders == 1 and len(pids) == 1, (token, pids, holders)
-        assert token in owner, f"status showed token {token}, never granted"
+        if token not in owner:
+            asked, answered, info = next(r for r in READS if getattr(r[2], "token", None) == token)
+            near = [str(h) for h in run.holds if h.start < answered + 0.05 and h.end > asked - 0.05]
+            raise AssertionError(
+                f"status showed token {token}, never granted: read [{asked:.4f}, {answered:.4f}]"
+                f" {info}\nholds around it: {near}\ngranted tokens: {sorted(owner)[:200]}")
         assert pids[0] == owner[token], f"token {token}: status says pid {pids[0]}, granted to {owner[token]}"
     assert seen, "status never saw the lock held"
 
@@ -116,7 +128,7 @@ async def test_fair_lock_under_load(load_row: str, load_urls: list[str], hogs: l
 
 
 @pytest.mark.parametrize("limit", [1, 3])
-@rows_with(C.SEMAPHORE)
+@rows_with(C.SEMAPHORE, default=("redis-cluster",))
 async def test_semaphore_limit_under_load(load_row: str, load_urls: list[str], limit: int,
                                           hogs: list[Child], workers: list[Worker],
                                           tmp_path: Path) -> None:

@@ -118,7 +118,7 @@ async def churn(log: Log, locks: aiolock.Locks, args: argparse.Namespace, task: 
                 async with prim as lease:
                     await body(log, hid, lease, kind, args.hold, rng, asked)
         except aiolock.LockLost as exc:
-            log.line("R", time.monotonic(), "LockLost", str(exc).replace("\n", " ")[:200])
+            log.line("R", time.monotonic(), "LockLost", hid, str(exc).replace("\n", " ")[:200])
         except Exception as exc:  # recorded; the test fails on it
             log.error(exc)
             await asyncio.sleep(0.05)
