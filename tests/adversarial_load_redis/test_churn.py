@@ -75,7 +75,7 @@ def judge(run_: object, *, limit: int = 1, idle: float = 3.0) -> None:
     assert gap < idle, f"nobody held for {gap:.2f}s\n{text}"
 
 
-@rows_with()
+@rows_with(default=("redlock",))
 async def test_lock_exclusion_and_tokens_under_load(
         load_row: str, load_urls: list[str], check_url: str, hogs: list[Child],
         workers: list[Worker], tmp_path: Path) -> None:
