@@ -152,5 +152,10 @@ RARE_DEFECTS["test_lock_exclusion_and_tokens_under_load[redlock]"] = (
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "adversarial_load_redis" in str(item.path) and item.name in RARE_DEFECTS:
+        if "adversarial_load_redis" not in str(item.path):
+            continue
+        if item.name in RARE_DEFECTS:
             item.add_marker(pytest.mark.xfail(reason=RARE_DEFECTS[item.name], strict=False))
+        if item.get_closest_marker("slow") is None:
+            # its busy loops load the machine: alone, never beside other tests' timings
+            item.add_marker(pytest.mark.serial)
