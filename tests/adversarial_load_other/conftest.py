@@ -37,7 +37,9 @@ FOUND = {"test_event_loop_stalls_under_load[lock-etcd]", "test_waiters_survive_e
 
 #: tests (full ids, or names without parameters) that found a defect: default run, in the
 #: serial phase (their busy loops load the machine: never beside other tests' timings)
-DEFAULT: set[str] = set(KNOWN_DEFECTS) | set(RARE_DEFECTS) | FOUND
+DEFAULT: set[str] = (set(KNOWN_DEFECTS) | set(RARE_DEFECTS) | FOUND) - HANGS
+# (HANGS: in the slow tier -- it hangs most runs, which would cost the serial phase a
+# minute each time; README "Left" keeps it)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

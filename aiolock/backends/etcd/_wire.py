@@ -75,6 +75,12 @@ class Stream:
         except BaseException as exc:
             error = exc
         finally:
+            # ended (the server went away, say): end the request iterator too, or grpc's
+            # task feeding the call from it waits on the queue for good (a pending task
+            # and a running async generator per ended stream, which held up the
+            # process's exit after a server restart)
+            self._queue.put_nowait(None)
+            self.call.cancel()
             self._on_end(self, error)
 
     def close(self) -> None:
