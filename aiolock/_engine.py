@@ -339,7 +339,12 @@ class _Engine:
         """Release ``hold`` on the server, then forget it; True if the server had it."""
         # On an ordered backend our release is written before the woken waiter's acquire.
         woken = self.wake_head(hold) if self.backend.ordered else None
-        held = await self.backend.release(hold.claim)
+        hold.ending = True
+        try:
+            held = await self.backend.release(hold.claim)
+        except BaseException:
+            hold.ending = False
+            raise
         hold.finish(woken)
         return held
 

@@ -55,6 +55,9 @@ class _Hold:
       ``max(expires_at, sent + granted)``, counted from when the request was *sent*.
     * ``releasing`` is set once a release runs in the background (a cancelled release,
       or a collected lease); such a hold is never re-entered.
+    * ``ending`` is True while a release of it is in flight: the release's answer says
+      whether it was still held, not a renewal that reaches the server after it (which
+      finds it gone: our own release, not a loss). False again if the release raised.
     """
 
     __slots__ = (
@@ -63,6 +66,7 @@ class _Hold:
         "claim",
         "count",
         "done",
+        "ending",
         "engine",
         "expires_at",
         "key",
@@ -101,6 +105,7 @@ class _Hold:
         self.count = 1
         self.lost_reason: str | None = None
         self.done = False  # released or lost: no longer renewed or tracked
+        self.ending = False  # a release in flight (see the class doc)
         self.renewing = False
         self.callbacks: list[Callable[[], object]] = []
         self.waiters: list[asyncio.Future[None]] = []

@@ -190,6 +190,8 @@ class Watchdog:
             hold.renewing = False
             if hold.done:
                 continue
+            if hold.ending and (ms is None or ms == REVOKED):
+                continue  # our own release got there first: its answer decides (see _Hold)
             if ms == REVOKED:
                 hold.mark_lost("revoked by an operator (force_release)")
                 continue

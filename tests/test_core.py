@@ -233,3 +233,25 @@ async def test_map_exceptions_lets_the_rest_through(raised: BaseException) -> No
     with pytest.raises(type(raised)) as info, aiolock.errors.map_exceptions(_EXC_MAP):
         raise raised
     assert info.value is raised
+
+
+async def test_a_renewal_answered_after_our_own_release_is_no_loss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A release whose reply is slow (a loaded Redis Cluster took 1.3 s): a renewal that
+    reaches the server after the release finds the lease gone -- our own release, not a
+    loss. The release's answer decides: the block ends without LockLost
+    (tests/adversarial_load_redis found it)."""
+    async with aiolock.connect(f"memory://{uuid.uuid4().hex}") as locks:
+        backend = locks.backend
+        release = backend.release
+
+        async def slow_reply(claim: Claim) -> bool:
+            held = await release(claim)
+            await asyncio.sleep(0.6)  # a renewal (every 0.4 s) meanwhile finds it gone
+            return held
+
+        monkeypatch.setattr(backend, "release", slow_reply)
+        async with locks.lock("slow-release", ttl=1.2) as lease:
+            await asyncio.sleep(0.05)
+        assert not lease.lost
