@@ -41,6 +41,10 @@ __all__ = ["LOCAL_HANDOFFS", "LOCAL_HANDOFF_S", "Streak", "heir", "release_lock"
 
 LOCAL_HANDOFFS = 4
 LOCAL_HANDOFF_S = 0.010
+#: Seconds before asking again when the server had not yet seen a hand-over we were told
+#: of, and for how long after the message it is asked that way.
+HEARD_RETRY = 0.005
+HEARD_FOR = 0.5
 
 
 class Streak:
@@ -65,11 +69,16 @@ async def try_lock(backend: RedisBackend, claim: Claim) -> Granted | Busy:
     answer busy without asking while registered and subscribed, else run ACQUIRE."""
     state = claim.state
     signals = backend.signals
+    heard: object = None  # the token of a hand-over message for this claim, if any
     if state:  # (a first attempt has nothing there yet)
         handoff = state.get("handoff")
         if isinstance(handoff, asyncio.Future):  # a release of ours may hand it to us
             await asyncio.shield(handoff)
-        token = state.pop("grant", None)
+        token = heard = state.pop("grant", None)
+        if heard is None:
+            heard = state.pop("heard", None)
+        else:
+            state.pop("heard_until", None)  # a new message: a new window
         if token is not None:
             if (backend.trust_handoffs and isinstance(token, int)
                     and token > state.get("seen", 0)):  # type: ignore[operator]
@@ -115,6 +124,16 @@ async def try_lock(backend: RedisBackend, claim: Claim) -> Granted | Busy:
             raise LockError(f"claim on {claim.name!r} was abandoned")
         return Granted(int(reply[1]), int(reply[2]))
     retry = max(int(reply[1]), 1) / 1000
+    if isinstance(heard, int) and heard > int(reply[2]):
+        # told of a hand-over with a token the server we asked has not seen yet (on
+        # Sentinel, just after a failover, the message came before the grant showed):
+        # ask again soon (for HEARD_FOR s at most), not at the timer -- no other
+        # message will come for it
+        until = state.setdefault("heard_until", time.monotonic() + HEARD_FOR)
+        assert isinstance(until, float)
+        if time.monotonic() < until:
+            state["heard"] = heard
+            retry, mark = min(retry, HEARD_RETRY), None
     if waits:
         state.update(sent=sent, seen=int(reply[2]), mark=mark, due=time.monotonic() + retry)
         if mark is not None:
