@@ -19,7 +19,7 @@ from redis import exceptions as rexc
 
 from ..errors import AccessDenied, BackendUnavailable, LockError
 
-__all__ = ["CONNECTING", "redis_error"]
+__all__ = ["CONNECTING", "error_code", "redis_error"]
 
 #: ``what`` for errors while connecting (the message then says "cannot reach")
 CONNECTING = "the connection"
@@ -51,7 +51,8 @@ _DOWN: tuple[type[BaseException], ...] = (
 )
 
 
-def _code(exc: BaseException) -> str | None:
+def error_code(exc: BaseException) -> str | None:
+    """The Redis error code ``exc`` stands for (``NOPERM``, ``READONLY``...), if known."""
     text = str(exc)
     status = getattr(exc, "status_code", None)  # redis-py >= 7 keeps the stripped code
     if isinstance(status, str) and (status in _HINTS or status in NOT_NOW):
@@ -78,7 +79,7 @@ def _code(exc: BaseException) -> str | None:
 def redis_error(exc: BaseException, where: str, what: str) -> LockError:
     """The aiolock error for ``exc`` raised while doing ``what`` on Redis at ``where``
     (a URL without credentials). Raise it ``from exc``."""
-    code = _code(exc)
+    code = error_code(exc)
     text = str(exc)
     if code is not None and not text.upper().startswith(code):
         text = f"{code} {text}"

@@ -66,7 +66,7 @@ from redis import exceptions as rexc
 from ..abc import REVOKED, Busy, Capability, Claim, Granted, Kind, LockInfo
 from ..errors import BackendUnavailable, LockError
 from . import _redis_txn_ops
-from ._redis_errors import CONNECTING, redis_error
+from ._redis_errors import CONNECTING, error_code, redis_error
 from ._redis_lend import ABORTED, Connections, Lent
 from ._redis_txn_ops import HELD_IN_HASH
 from ._redis_txn_ops import ms as _ms
@@ -383,7 +383,7 @@ class RedisTxnBackend(RedisBackend):
         try:
             [reply] = await conn.run(("PUBSUB", "NUMSUB", *inboxes))
         except _ERRORS as exc:
-            if "noperm" not in str(exc).lower() and "no permissions" not in str(exc).lower():
+            if error_code(exc) != "NOPERM":
                 raise
             self._numsub = False
             log.info("Redis at %s refuses PUBSUB NUMSUB to this user: a release through "
