@@ -79,13 +79,16 @@ class Stream:
             # task feeding the call from it waits on the queue for good (a pending task
             # and a running async generator per ended stream, which held up the
             # process's exit after a server restart)
-            self._queue.put_nowait(None)
-            self.call.cancel()
+            self._end_call()
             self._on_end(self, error)
 
-    def close(self) -> None:
+    def _end_call(self) -> None:
+        """End the request iterator and the call."""
         self._queue.put_nowait(None)
         self.call.cancel()
+
+    def close(self) -> None:
+        self._end_call()
         self.reader.cancel()
 
     async def aclose(self) -> None:
