@@ -219,6 +219,18 @@ def kill9(worker: Worker) -> None:
     worker.killed_at = time.monotonic()
 
 
+def judged(run: Run, *, limit: int = 1, note: str = "") -> tuple[str, list[str]]:
+    """Assert ``run``'s exclusion (at most ``limit`` inside) and its tokens (strictly
+    increasing across holds where ``limit`` is 1); its report (plus ``note``) and the
+    overlaps a lost lease excuses."""
+    bad, excused = violations(run, limit=limit)
+    tokens = token_faults(run, exclusive=limit == 1)
+    text = report(run, bad, tokens) + note
+    assert not bad, text
+    assert not tokens, text
+    return text, excused
+
+
 def report(run: Run, bad: list[str], tokens: list[str]) -> str:
     lines = [f"{len(run.holds)} holds, {len(run.lost)} lost, {len(run.errors)} errors"]
     lines += [f"OVERLAP {v}" for v in bad[:10]]

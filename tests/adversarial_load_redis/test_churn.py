@@ -23,7 +23,7 @@ from aiolock import Capability as C
 
 from .._children import Child
 from .conftest import Worker, rows_with
-from .harness import churn, longest_idle, report, token_faults, violations
+from .harness import churn, judged, longest_idle
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -62,11 +62,7 @@ def judge(run_: object, *, limit: int = 1, idle: float = 3.0) -> None:
     from .harness import Run
 
     assert isinstance(run_, Run)
-    bad, excused = violations(run_, limit=limit)
-    tokens = token_faults(run_, exclusive=limit == 1)
-    text = report(run_, bad, tokens)
-    assert not bad, text
-    assert not tokens, text
+    text, excused = judged(run_, limit=limit)
     assert not run_.errors, text
     assert not run_.lost and not excused, text  # ttl 5 s: no stall here comes near it
     assert len(run_.holds) >= 20, text

@@ -141,12 +141,7 @@ async def cancel_round(log: Log, lock: Any, kind: str, hid: str, args: argparse.
             lease = await task
         except asyncio.CancelledError:
             return
-        try:
-            await body(log, hid, lease, kind, args.hold, rng, asked)
-        finally:
-            await lease.release()
-        return
-    if how < 0.7:  # a short timeout
+    elif how < 0.7:  # a short timeout
         wanted = rng.random() * 0.02
         start = time.monotonic()
         try:
@@ -154,13 +149,14 @@ async def cancel_round(log: Log, lock: Any, kind: str, hid: str, args: argparse.
         except aiolock.LockTimeout:
             log.line("T", time.monotonic(), wanted, time.monotonic() - start)
             return
-        try:
+    else:
+        async with lock as lease:
             await body(log, hid, lease, kind, args.hold, rng, asked)
-        finally:
-            await lease.release()
         return
-    async with lock as lease:
+    try:  # granted after all (cancelled too late), or within the timeout
         await body(log, hid, lease, kind, args.hold, rng, asked)
+    finally:
+        await lease.release()
 
 
 async def main(args: argparse.Namespace) -> None:
