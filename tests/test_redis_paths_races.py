@@ -17,6 +17,7 @@ the others guard an interleaving verified to be handled (an aborted ``EXEC`` ret
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -298,6 +299,30 @@ async def test_proclaim_after_the_lease_lapsed_leaves_no_key_behind(
         assert not await admin.exists(key)
 
 
+@contextlib.asynccontextmanager
+async def _holder_and_lua_waiters(
+    txn: str, admin: Any, name: str, *waiters: str,
+) -> AsyncIterator[tuple[RedisTxnBackend, Claim, Granted, Any]]:
+    """A transaction-path claim holding ``name``, and Lua-path ``waiters`` registered
+    behind it, their inboxes heard (subscribed by ``admin``): the backend, the claim, its
+    grant and the subscription (read the hand-over messages there)."""
+    lua = Lua(admin, name)
+    inboxes = [f"aiolock:inbox:{w}" for w in waiters]
+    pubsub = await _subscribed(admin, *inboxes)
+    claim = _claim(name)
+    try:
+        async with asyncio.timeout(10), aiolock.connect(txn) as locks:
+            backend = locks.backend
+            assert isinstance(backend, RedisTxnBackend)
+            held = await backend.try_acquire(claim)
+            assert isinstance(held, Granted)
+            for waiter, inbox in zip(waiters, inboxes, strict=True):
+                assert (await lua.acquire(waiter, inbox, wttl=5000))[0] == 0
+            yield backend, claim, held, pubsub
+    finally:
+        await pubsub.aclose()
+
+
 # -- release: reads under WATCH, the waiters' keys, NUMSUB, then MULTI/EXEC --------------
 
 
@@ -309,29 +334,17 @@ async def test_release_never_hands_over_to_a_waiter_that_abandoned_before_exec(
     the retry hands the lock to the next live waiter, never to the abandoned one."""
     lua, base = Lua(admin, name), _base(name)
     gone, next_ = uuid.uuid4().hex, uuid.uuid4().hex
-    inboxes = [f"aiolock:inbox:{w}" for w in (gone, next_)]
-    pubsub = await _subscribed(admin, *inboxes)
-    claim = _claim(name)
-    try:
-        async with asyncio.timeout(10), aiolock.connect(txn) as locks:
-            backend = locks.backend
-            assert isinstance(backend, RedisTxnBackend)
-            held = await backend.try_acquire(claim)
-            assert isinstance(held, Granted)
-            for waiter, inbox in zip((gone, next_), inboxes, strict=True):
-                assert (await lua.acquire(waiter, inbox, wttl=5000))[0] == 0
+    async with _holder_and_lua_waiters(txn, admin, name, gone, next_) as (backend, claim, held, _):
 
-            async def abandons() -> None:
-                await lua.release(gone, abandon=True)
+        async def abandons() -> None:
+            await lua.release(gone, abandon=True)
 
-            fired = interpose(monkeypatch, numsub, abandons)
-            assert await backend.release(claim) is True
-            assert fired and backend.conflicts >= 1
+        fired = interpose(monkeypatch, numsub, abandons)
+        assert await backend.release(claim) is True
+        assert fired and backend.conflicts >= 1
         assert await _owner(admin, name) == next_
         assert int(await admin.hget(base, "token")) == held.token + 1
         assert await admin.get(f"{base}:x:{gone}") == "a"
-    finally:
-        await pubsub.aclose()
 
 
 async def test_release_retried_after_the_waiter_refreshed_its_place(
@@ -343,23 +356,15 @@ async def test_release_retried_after_the_waiter_refreshed_its_place(
     lua, base = Lua(admin, name), _base(name)
     waiter = uuid.uuid4().hex
     inbox = f"aiolock:inbox:{waiter}"
-    pubsub = await _subscribed(admin, inbox)
-    claim = _claim(name)
-    try:
-        async with asyncio.timeout(10), aiolock.connect(txn) as locks:
-            backend = locks.backend
-            assert isinstance(backend, RedisTxnBackend)
-            held = await backend.try_acquire(claim)
-            assert isinstance(held, Granted)
-            assert (await lua.acquire(waiter, inbox, wttl=5000))[0] == 0
-            asked: list[Any] = []
+    async with _holder_and_lua_waiters(txn, admin, name, waiter) as (backend, claim, held, pubsub):
+        asked: list[Any] = []
 
-            async def asks_again() -> None:
-                asked.append(await lua.acquire(waiter, inbox, wttl=5000))
+        async def asks_again() -> None:
+            asked.append(await lua.acquire(waiter, inbox, wttl=5000))
 
-            interpose(monkeypatch, numsub, asks_again)
-            assert await backend.release(claim) is True
-            assert asked[0][0] == 0 and backend.conflicts >= 1
+        interpose(monkeypatch, numsub, asks_again)
+        assert await backend.release(claim) is True
+        assert asked[0][0] == 0 and backend.conflicts >= 1
         assert await _owner(admin, name) == waiter
         assert int(await admin.get(base + ":seq")) == held.token + 1
         again = await lua.acquire(waiter, inbox, wttl=5000)
@@ -369,8 +374,6 @@ async def test_release_retried_after_the_waiter_refreshed_its_place(
             if m["type"] == "message":
                 messages.append(m["data"])
         assert messages == [f"{base}|{waiter}|{held.token + 1}"]  # one hand-over, heard
-    finally:
-        await pubsub.aclose()
 
 
 async def test_release_after_a_lua_revocation_landed_hands_nothing_over_again(
@@ -382,30 +385,18 @@ async def test_release_after_a_lua_revocation_landed_hands_nothing_over_again(
     one token given."""
     lua, base = Lua(admin, name), _base(name)
     waiter, later = uuid.uuid4().hex, uuid.uuid4().hex
-    inboxes = [f"aiolock:inbox:{w}" for w in (waiter, later)]
-    pubsub = await _subscribed(admin, *inboxes)
-    claim = _claim(name)
-    try:
-        async with asyncio.timeout(10), aiolock.connect(txn) as locks:
-            backend = locks.backend
-            assert isinstance(backend, RedisTxnBackend)
-            held = await backend.try_acquire(claim)
-            assert isinstance(held, Granted)
-            for each, inbox in zip((waiter, later), inboxes, strict=True):
-                assert (await lua.acquire(each, inbox, wttl=5000))[0] == 0
+    async with _holder_and_lua_waiters(txn, admin, name, waiter, later) as (backend, claim, held, _):
 
-            async def revoked() -> None:
-                assert await lua.revoke() == 1
+        async def revoked() -> None:
+            assert await lua.revoke() == 1
 
-            interpose(monkeypatch, numsub, revoked)
-            assert await backend.release(claim) is False
+        interpose(monkeypatch, numsub, revoked)
+        assert await backend.release(claim) is False
         assert await _owner(admin, name) == waiter
         assert int(await admin.hget(base, "token")) == held.token + 1
         assert int(await admin.get(base + ":seq")) == held.token + 1
         assert await admin.lrange(base + ":q", 0, -1) == [
-            f"{later}|{_registration(inboxes[1])}"]
-    finally:
-        await pubsub.aclose()
+            f"{later}|{_registration(f'aiolock:inbox:{later}')}"]
 
 
 # -- force_release ------------------------------------------------------------------------
