@@ -359,3 +359,107 @@ async def test_sentinel_lua_and_direct_transactions(redis_sentinel: Any,
         await got.release()
         assert (await t.status(name)).token == third.token
         await third.release()
+
+
+# -- cancelled waiters, revocations under contention -----------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("holder,cancelled,live", [
+    ("off", "lua", "off"), ("least", "lua", "lua"), ("lua", "lua", "off"),
+    ("lua", "off", "lua"), ("off", "off", "lua")])
+async def test_cancelled_waiter_in_live_process(acl_redis: PasswordRedis,  # noqa: F811
+                                                admin: Any, name: str, holder: str,
+                                                cancelled: str, live: str) -> None:
+    """A waiter cancelled while its process (and inbox) stays alive: a release by either
+    path goes on to the live waiter promptly, and nothing is left held."""
+    u = urls(acl_redis)
+    u["least"] = await least_user(admin, acl_redis)
+    async with asyncio.timeout(9.5), aiolock.connect(u[holder]) as h, \
+            aiolock.connect(u[cancelled]) as c, aiolock.connect(u[live]) as w:
+        for _ in range(3):
+            lease = await h.lock(name, ttl=8).acquire()
+            doomed = [asyncio.create_task(c.lock(name, ttl=8).acquire(timeout=7))
+                      for _ in range(3)]
+            await asyncio.sleep(0.2)
+            task = asyncio.create_task(w.lock(name, ttl=8).acquire(timeout=7))
+            await asyncio.sleep(0.2)
+            for d in doomed:
+                d.cancel()
+            await asyncio.gather(*doomed, return_exceptions=True)
+            released = time.monotonic()
+            await lease.release()
+            got = await task
+            delay = time.monotonic() - released
+            assert delay < 1.0, f"live waiter got it after {delay:.3f} s"
+            assert got.token > lease.token
+            await got.release()
+            assert not (await h.status(name)).held
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("revoker", ["lua", "off", "least"])
+async def test_revocation_skips_killed_lua_waiter(acl_redis: PasswordRedis,  # noqa: F811
+                                                  admin: Any, name: str,
+                                                  revoker: str) -> None:
+    u = urls(acl_redis)
+    u["least"] = await least_user(admin, acl_redis)
+    async with asyncio.timeout(9.5), aiolock.connect(u["lua"]) as h, \
+            aiolock.connect(u[revoker]) as r, aiolock.connect(u["off"]) as w:
+        lease = await h.lock(name, ttl=3).acquire()
+        proc = await spawn_waiter(u["lua"], name)
+        try:
+            kill9(proc)
+            await proc.wait()
+            task = asyncio.create_task(w.lock(name, ttl=8).acquire(timeout=7))
+            await asyncio.sleep(0.3)
+            t0 = time.monotonic()
+            assert await r.lock(name).force_release() is True
+            got = await task
+            assert time.monotonic() - t0 < 1.0
+            assert got.token > lease.token
+            await asyncio.wait_for(lease.wait_lost(), 2.0)
+            await got.release()
+        finally:
+            kill9(proc)
+
+
+@pytest.mark.slow
+async def test_revocation_storm_under_mixed_contention(acl_redis: PasswordRedis,  # noqa: F811
+                                                       admin: Any, name: str) -> None:
+    """Workers of both paths contend while revokers of both paths revoke: every token
+    granted is unique, the server's token never goes back, and everything ends free."""
+    u = urls(acl_redis)
+    tx = await least_user(admin, acl_redis)
+    tokens: list[int] = []
+    seen: list[int] = []
+
+    async def worker(locks: aiolock.Locks, stop: float) -> None:
+        while time.monotonic() < stop:
+            try:
+                lease = await locks.lock(name, ttl=1.5).acquire(timeout=1)
+            except aiolock.LockTimeout:
+                continue
+            tokens.append(lease.token)
+            await asyncio.sleep(0.005)
+            await lease.release()
+
+    async def revoker(locks: aiolock.Locks, stop: float) -> None:
+        while time.monotonic() < stop:
+            await locks.lock(name).force_release()
+            info = await locks.status(name)
+            if info.token is not None:
+                seen.append(info.token)
+            await asyncio.sleep(0.01)
+
+    async with asyncio.timeout(9), aiolock.connect(u["lua"]) as a, \
+            aiolock.connect(u["off"]) as b, aiolock.connect(tx) as c:
+        stop = time.monotonic() + 3
+        await asyncio.gather(*(worker(x, stop) for x in (a, b, c) for _ in range(3)),
+                             revoker(a, stop), revoker(c, stop))
+        assert not (await a.status(name)).held
+        final = await a.lock(name, ttl=2).acquire(timeout=2)
+        await final.release()
+    assert len(tokens) == len(set(tokens)), "a token was granted twice"
+    assert len(tokens) >= 10
+    assert final.token > max(tokens)
