@@ -463,3 +463,73 @@ async def test_revocation_storm_under_mixed_contention(acl_redis: PasswordRedis,
     assert len(tokens) == len(set(tokens)), "a token was granted twice"
     assert len(tokens) >= 10
     assert final.token > max(tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("holder", ["lua", "off", "least", "noscript"])
+async def test_release_past_only_killed_waiters_frees_the_lock(
+    acl_redis: PasswordRedis, admin: Any, name: str, holder: str,  # noqa: F811
+) -> None:
+    """Only killed Lua-path waiters registered: the release leaves the lock free at once
+    (not handed to a dead process), for a try-lock of either path."""
+    u = urls(acl_redis)
+    u["least"] = await least_user(admin, acl_redis)
+    async with asyncio.timeout(9.5), aiolock.connect(u[holder]) as h, \
+            aiolock.connect(u["lua"]) as lw, aiolock.connect(u["off"]) as tw:
+        lease = await h.lock(name, ttl=8).acquire()
+        procs = list(await asyncio.gather(*(spawn_waiter(u["lua"], name) for _ in range(2))))
+        try:
+            for p in procs:
+                kill9(p)
+                await p.wait()
+            await lease.release()
+            assert not (await h.status(name)).held, "handed to a killed waiter"
+            for locks in (lw, tw):
+                got = await locks.lock(name, ttl=2).acquire(timeout=0.3)
+                assert got.token > lease.token
+                await got.release()
+        finally:
+            for p in procs:
+                kill9(p)
+
+
+# -- election across the paths ---------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("leader_path,observer_path", [("off", "lua"), ("lua", "off"),
+                                                       ("least", "lua"), ("lua", "least")])
+async def test_election_observer_wakes_on_other_path(acl_redis: PasswordRedis,  # noqa: F811
+                                                     admin: Any, name: str,
+                                                     leader_path: str,
+                                                     observer_path: str) -> None:
+    """Grants, proclaims and releases on one path wake ``observe()`` on the other at once
+    (well before its ttl/2 = 4.5 s timer)."""
+    u = urls(acl_redis)
+    u["least"] = await least_user(admin, acl_redis)
+    seen: list[tuple[float, Any]] = []
+    async with asyncio.timeout(9.5), aiolock.connect(u[leader_path]) as lp, \
+            aiolock.connect(u[observer_path]) as op:
+
+        async def watch() -> None:
+            async for leader in op.election(name, ttl=9).observe():
+                seen.append((time.monotonic(), None if leader is None else leader.data))
+
+        watcher = asyncio.create_task(watch())
+        await asyncio.sleep(0.3)
+
+        async def changed(expect: Any) -> float:
+            t0 = time.monotonic()
+            while not (seen and seen[-1][1] == expect):
+                assert time.monotonic() - t0 < 1.0, f"observer did not see {expect!r}: {seen}"
+                await asyncio.sleep(0.01)
+            return time.monotonic() - t0
+
+        term = await lp.election(name, ttl=9).campaign(data="a").acquire()
+        await changed("a")
+        await term.proclaim("b")
+        await changed("b")
+        await term.release()
+        await changed(None)
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
