@@ -35,16 +35,16 @@ WAITER = """
 import asyncio, sys
 import aiolock
 
-async def main(url, name):
+async def main(url, name, ttl):
     async with aiolock.connect(url) as locks:
-        task = asyncio.create_task(locks.lock(name, ttl=8).acquire(timeout=60))
+        task = asyncio.create_task(locks.lock(name, ttl=ttl).acquire(timeout=60))
         await asyncio.sleep(0.4)
         print("WAITING", flush=True)
         lease = await task
         print("GOT", lease.token, flush=True)
         await asyncio.sleep(60)
 
-asyncio.run(main(sys.argv[1], sys.argv[2]))
+asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
 """
 
 
@@ -77,10 +77,10 @@ async def least_user(admin: Any, server: PasswordRedis, numsub: bool = True) -> 
     return f"redis://{user}:{SECRET}@127.0.0.1:{server.port}/0?scripting=off"
 
 
-async def spawn_waiter(url: str, name: str) -> asyncio.subprocess.Process:
+async def spawn_waiter(url: str, name: str, ttl: float = 8) -> asyncio.subprocess.Process:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", WAITER, url, name, env=env,
+        sys.executable, "-c", WAITER, url, name, str(ttl), env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     assert proc.stdout is not None
     line = await asyncio.wait_for(proc.stdout.readline(), 8)
@@ -205,16 +205,18 @@ async def test_without_numsub_still_works(acl_redis: PasswordRedis,  # noqa: F81
         got = await task
         assert time.monotonic() - t0 < 0.5
         await got.release()
-        # a killed Lua waiter: the live one waits at most about its ttl (8 s in WAITER)
+        # a killed Lua waiter (ttl 3 s): the live one waits at most about that ttl
         lease = await h.lock(name, ttl=3).acquire()
-        proc = await spawn_waiter(u["lua"], name)
+        proc = await spawn_waiter(u["lua"], name, ttl=3)
         try:
             kill9(proc)
             await proc.wait()
-            task = asyncio.create_task(w.lock(name, ttl=3).acquire(timeout=8.5))
+            task = asyncio.create_task(w.lock(name, ttl=3).acquire(timeout=6))
             await asyncio.sleep(0.2)
+            released = time.monotonic()
             await lease.release()
             got = await task
+            assert time.monotonic() - released < 4.0
             assert got.token > lease.token
             await got.release()
         finally:
