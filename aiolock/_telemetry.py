@@ -23,6 +23,14 @@ pays:
   ``attach``/``detach`` rather than the API's generator-based context managers. The rest
   is the SDK's own cost per point and per span (``benchmarks/bench_otel.py`` times it).
 
+Metric points are handed to the SDK off the lock's path (:func:`_point`): the event
+loop's next turn takes them, which on a network backend is while the lock's next request
+is on the wire, so the SDK's several microseconds per point (its attribute checks and
+hashing) do not delay the lock; and every collection takes the ones still waiting first
+(the observers of the asynchronous counters run before the SDK reads its aggregations),
+so a reader never misses a point that was made before it collected. Spans stay on the
+path: the acquire span is current while acquiring, so client spans nest in it.
+
 Leases held and acquisitions waiting are asynchronous up-down counters: aiolock keeps the
 counts (:data:`HELD`, :data:`WAITING`) and the SDK reads them when it collects (a
 synchronous ``add()`` costs about as much as a whole ``memory://`` lock cycle). So the
@@ -43,6 +51,7 @@ import inspect
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
@@ -54,7 +63,7 @@ if TYPE_CHECKING:
     from .abc import Backend, Kind
 
 __all__ = [
-    "AVAILABLE", "SCOPE", "acquire_span", "hold_ended", "hold_lost", "hold_started",
+    "AVAILABLE", "SCOPE", "acquire_span", "flush", "hold_ended", "hold_lost", "hold_started",
     "loss_outcome", "release_span", "renewal_failed", "renewed", "waiting",
 ]
 
@@ -76,6 +85,7 @@ AVAILABLE = _available()
 
 lease_log = logging.getLogger("aiolock.lease")
 watchdog_log = logging.getLogger("aiolock.watchdog")
+telemetry_log = logging.getLogger("aiolock.telemetry")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -136,6 +146,10 @@ class _OTel:
         from opentelemetry import context
         from opentelemetry.trace import Status, StatusCode
 
+        # the context a point was made in, for the SDK's exemplars (a point is recorded
+        # later, elsewhere): ``record(..., context=)`` is in opentelemetry-api >= 1.27
+        self.with_context = "context" in inspect.signature(self.acquire_duration.record).parameters
+        self.current_context = context.get_current
         self.error_status = Status(StatusCode.ERROR)
         # a span made current without the API's generator-based context managers
         self.attach, self.detach = context.attach, context.detach
@@ -222,6 +236,7 @@ def _observer(counts: dict[_Labels, int]) -> Callable[[Any], Iterable[Any]]:
     from opentelemetry.metrics import Observation
 
     def observe(options: Any) -> Iterable[Any]:
+        flush()  # the SDK reads its aggregations after the observers: points first
         # copy() is one step under the GIL: a collecting thread sees a consistent dict
         return [Observation(n, labels.attrs) for labels, n in counts.copy().items()]
 
@@ -260,6 +275,59 @@ def _outcome(exc: BaseException) -> str:
     if isinstance(exc, asyncio.CancelledError):
         return "cancelled"
     return "error"
+
+
+# -- points: handed to the SDK off the lock's path -------------------------------------
+
+#: Measurements made and not yet handed to the SDK: (the instrument's ``record`` or
+#: ``add``, value, attributes, context or None). Appended on an event loop's thread,
+#: drained by whichever thread flushes: ``append`` and ``popleft`` are atomic, so each
+#: point is handed over exactly once, whoever flushes.
+_pending: deque[tuple[Callable[..., None], float, dict[str, str], Any]] = deque()
+#: The loop a :func:`flush` is scheduled on, or None. Only a hint that saves scheduling
+#: one flush per point: a point appended after a flush started schedules another (the
+#: flush clears it first), and a point whose scheduled flush never ran (its loop closed
+#: first) is taken by the next loop's flush or the next collection.
+_flush_loop: asyncio.AbstractEventLoop | None = None
+_running_loop = asyncio._get_running_loop  # None outside a running loop (never raises)
+#: At most this many points wait: a task that takes and releases locks without ever
+#: letting the loop turn (``memory://`` cycles need not yield) pays for them inline.
+MAX_PENDING = 64
+
+
+def _point(otel: _OTel, record: Callable[..., None], value: float, attributes: dict[str, str]) -> None:
+    """Hand one measurement to the SDK soon: on this event loop's next turn, or at the
+    next collection if that comes first; at once outside an event loop."""
+    global _flush_loop
+    context = otel.current_context() if otel.with_context and _tm._TRACER_PROVIDER is not None else None
+    _pending.append((record, value, attributes, context))
+    loop = _running_loop()
+    if loop is None or len(_pending) >= MAX_PENDING:
+        flush()
+    elif loop is not _flush_loop:
+        _flush_loop = loop
+        loop.call_soon(flush)
+
+
+def flush() -> None:
+    """Hand every waiting point to the SDK (an event loop's callback, an observer when
+    the SDK collects, or :func:`_point` outside a loop)."""
+    global _flush_loop
+    _flush_loop = None
+    pending = _pending
+    while pending:
+        try:
+            record, value, attributes, context = pending.popleft()
+        except IndexError:  # another thread took the last one
+            return
+        try:
+            if context is None:
+                record(value, attributes)
+            else:
+                record(value, attributes, context)
+        except Exception:  # the SDK logs rather than raises; a point is never worth a lock
+            telemetry_log.warning("OpenTelemetry refused a point of %s", getattr(record, "__self__", record),
+                                  exc_info=True)
 
 
 # -- acquire, wait, release: decorators ---------------------------------------------------
@@ -302,7 +370,7 @@ async def _traced_acquire(otel: _OTel, func: Any, lock: Lock, timeout: Any) -> A
             outcome = _outcome(exc)
             raise
         finally:
-            otel.acquire_duration.record(time.perf_counter() - start, labels.outcomes[outcome])
+            _point(otel, otel.acquire_duration.record, time.perf_counter() - start, labels.outcomes[outcome])
     span = otel.tracer.start_span("aiolock.acquire", attributes={"aiolock.name": lock.name, **labels.attrs})
     current = otel.attach(otel.in_context(span))  # client spans nest in it
     try:
@@ -318,7 +386,7 @@ async def _traced_acquire(otel: _OTel, func: Any, lock: Lock, timeout: Any) -> A
         raise
     finally:
         if measure:  # while the span is current: an exemplar may point to it
-            otel.acquire_duration.record(time.perf_counter() - start, labels.outcomes[outcome])
+            _point(otel, otel.acquire_duration.record, time.perf_counter() - start, labels.outcomes[outcome])
         otel.detach(current)
         span.end()
 
@@ -433,9 +501,9 @@ def hold_lost(hold: _Hold, reason: str) -> None:
 def _ended(otel: _OTel, hold: _Hold, lost: str | None) -> None:
     labels = _labels_of(hold.engine.scheme, hold.claim.kind)
     HELD[labels] = HELD.get(labels, 0) - 1
-    otel.hold_duration.record(time.monotonic() - hold.since, labels.attrs)
+    _point(otel, otel.hold_duration.record, time.monotonic() - hold.since, labels.attrs)
     if lost is not None:
-        otel.leases_lost.add(1, labels.outcomes[lost])
+        _point(otel, otel.leases_lost.add, 1, labels.outcomes[lost])
 
 
 def loss_outcome(reason: str) -> str:
@@ -461,7 +529,7 @@ def renewed(backend: Backend, count: int, sent: float) -> None:
         return
     otel = _meter()
     if otel is not None:
-        otel.renewal_duration.record(elapsed, _renewal_attrs(backend))
+        _point(otel, otel.renewal_duration.record, elapsed, _renewal_attrs(backend))
 
 
 def renewal_failed(backend: Backend, holds: list[_Hold], sent: float, exc: BaseException) -> None:
@@ -475,4 +543,4 @@ def renewal_failed(backend: Backend, holds: list[_Hold], sent: float, exc: BaseE
         return
     otel = _meter()
     if otel is not None:
-        otel.renewal_duration.record(now - sent, _renewal_attrs(backend))
+        _point(otel, otel.renewal_duration.record, now - sent, _renewal_attrs(backend))

@@ -401,3 +401,156 @@ async def test_duration_buckets_are_made_for_seconds(otel: Telemetry) -> None:
         pytest.skip("this opentelemetry-sdk ignores bucket advisories (1.23 does; 1.45 honours them)")
     assert bounds["aiolock.acquire.duration"][:3] == [0.0005, 0.001, 0.0025]
     assert bounds["aiolock.hold.duration"][-1] == 86400.0
+
+
+# -- points are handed to the SDK off the lock's path, and never lost ---------------------
+
+
+async def test_points_wait_for_the_loops_next_turn_or_a_collection(otel: Telemetry) -> None:
+    """A point is not recorded inside acquire()/release() (the SDK's per-point work would
+    delay the lock) but on the loop's next turn; a collection made before that turn still
+    sees it (the observers flush first)."""
+    d = Delta(otel)
+    async with aiolock.connect(url()) as locks:
+        lock = locks.lock(NAME)
+        lease = await lock.acquire()
+        assert len(_telemetry._pending) >= 1  # the acquire point, not yet the SDK's
+        await asyncio.sleep(0)
+        assert not _telemetry._pending  # handed over on the next turn
+        await lease.release()
+        assert _telemetry._pending  # the hold point
+        # no turn of the loop since: the collection itself takes it
+        assert d.get("aiolock.hold.duration", backend="memory", kind="lock") == 1
+        assert d.get("aiolock.acquire.duration", outcome="granted") == 1
+        assert not _telemetry._pending
+
+
+async def test_no_point_lost_or_doubled_while_another_thread_collects(otel: Telemetry) -> None:
+    """Many tasks cycle while a thread collects in a tight loop (as a periodic exporting
+    reader does, from its own thread): every point is counted exactly once."""
+    import threading
+
+    d = Delta(otel)
+    stop = threading.Event()
+    collections = 0
+
+    def collector() -> None:
+        nonlocal collections
+        while not stop.is_set():
+            otel.reader.get_metrics_data()
+            collections += 1
+
+    thread = threading.Thread(target=collector)
+    thread.start()
+    tasks, cycles = 20, 100
+    try:
+        async with aiolock.connect(url()) as locks:
+            async def worker(i: int) -> None:
+                lock = locks.lock(f"{NAME}-{i % 4}")
+                for _ in range(cycles):
+                    async with lock:
+                        if i % 2:
+                            await asyncio.sleep(0)
+
+            await asyncio.gather(*(worker(i) for i in range(tasks)))
+    finally:
+        stop.set()
+        await asyncio.to_thread(thread.join)
+    assert collections > 1
+    assert d.get("aiolock.acquire.duration", outcome="granted") == tasks * cycles
+    assert d.get("aiolock.hold.duration") == tasks * cycles
+    assert d.get("aiolock.leases.held") == 0
+
+
+async def test_the_acquire_points_exemplar_is_its_span(otel: Telemetry) -> None:
+    """The acquire point is recorded later, but in the context it was made in: with a
+    sampled acquire span, the SDK's exemplar points to that span."""
+    got = _telemetry._get()
+    assert got is not None
+    if not got.with_context:
+        pytest.skip("this opentelemetry-api's record() takes no context (< 1.27): no exemplar link")
+    otel.reader.get_metrics_data()  # exemplars so far are collected and gone
+    otel.exporter.clear()
+    async with aiolock.connect(url()) as locks, locks.lock(NAME):
+        pass
+    [span] = otel.spans("aiolock.acquire")
+    data = otel.reader.get_metrics_data()
+    assert data is not None
+    exemplars = [e for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+                 if m.name == "aiolock.acquire.duration" for p in m.data.data_points
+                 for e in getattr(p, "exemplars", ())]
+    if not exemplars:
+        pytest.skip("this opentelemetry-sdk keeps no exemplars")
+    assert span.context is not None
+    assert span.context.span_id in {e.span_id for e in exemplars}
+
+
+def test_points_of_the_last_cycle_reach_the_exporter_at_shutdown() -> None:
+    """A program that takes a lock and exits: the periodic reader's last export (at the
+    provider's shutdown) has the last cycle's points, though no interval ever passed."""
+    out = _child("""
+        import asyncio
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import (
+            MetricExporter, MetricExportResult, PeriodicExportingMetricReader)
+        class Keep(MetricExporter):
+            def __init__(self):
+                super().__init__()
+                self.exported = []
+            def export(self, data, timeout_millis=10_000, **kwargs):
+                self.exported.append(data)
+                return MetricExportResult.SUCCESS
+            def force_flush(self, timeout_millis=10_000):
+                return True
+            def shutdown(self, timeout_millis=30_000, **kwargs):
+                pass
+        exporter = Keep()
+        provider = MeterProvider(metric_readers=[PeriodicExportingMetricReader(
+            exporter, export_interval_millis=3_600_000)])
+        metrics.set_meter_provider(provider)
+        import aiolock
+        async def main():
+            async with aiolock.connect("memory://") as locks:
+                for _ in range(3):
+                    async with locks.lock("x"):
+                        pass
+        asyncio.run(main())
+        provider.shutdown()
+        counts = {}
+        for data in exporter.exported:
+            for rm in data.resource_metrics:
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        if m.name in ("aiolock.acquire.duration", "aiolock.hold.duration"):
+                            counts[m.name] = sum(p.count for p in m.data.data_points)
+        print(sorted(counts.items()))
+    """)
+    assert out.strip() == "[('aiolock.acquire.duration', 3), ('aiolock.hold.duration', 3)]"
+
+
+def test_points_made_outside_an_event_loop_are_recorded_at_once(otel: Telemetry) -> None:
+    """Outside a running loop (a thread, the interpreter's exit) nothing would flush on a
+    next turn: the point goes to the SDK at once."""
+    got = _telemetry._get()
+    assert got is not None
+    d = Delta(otel)
+    labels = _telemetry._labels_of("memory", aiolock.Kind.LOCK)
+    _telemetry._point(got, got.leases_lost.add, 1, labels.outcomes["gone"])
+    assert not _telemetry._pending
+    assert d.get("aiolock.leases.lost", outcome="gone") == 1
+
+
+async def test_a_task_that_never_yields_does_not_pile_points_up(otel: Telemetry) -> None:
+    """memory:// cycles can run without the loop turning: the points waiting stay few
+    (the task pays for them inline) and none is lost."""
+    d = Delta(otel)
+    async with aiolock.connect(url()) as locks:
+        lock = locks.lock(NAME, watchdog=False)
+        most = 0
+        for _ in range(1000):
+            async with lock:
+                pass
+            most = max(most, len(_telemetry._pending))
+    assert most <= _telemetry.MAX_PENDING
+    assert d.get("aiolock.hold.duration") == 1000
