@@ -293,6 +293,7 @@ _running_loop = asyncio._get_running_loop  # None outside a running loop (never 
 #: At most this many points wait: a task that takes and releases locks without ever
 #: letting the loop turn (``memory://`` cycles need not yield) pays for them inline.
 MAX_PENDING = 64
+_refusals = 0  # points the SDK raised on (logged, not retried)
 
 
 def _point(otel: _OTel, record: Callable[..., None], value: float, attributes: dict[str, str]) -> None:
@@ -326,8 +327,13 @@ def flush() -> None:
             else:
                 record(value, attributes, context)
         except Exception:  # the SDK logs rather than raises; a point is never worth a lock
-            telemetry_log.warning("OpenTelemetry refused a point of %s", getattr(record, "__self__", record),
-                                  exc_info=True)
+            global _refusals
+            _refusals += 1
+            # the first refusal at WARNING with its traceback, then every 1000th (a
+            # refusing SDK would refuse every point: a log line each would flood the log)
+            if _refusals % 1000 == 1:
+                telemetry_log.warning("the OpenTelemetry SDK refused a point of %s (%d so far)",
+                                      getattr(record, "__self__", record), _refusals, exc_info=True)
 
 
 # -- acquire, wait, release: decorators ---------------------------------------------------

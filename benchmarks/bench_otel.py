@@ -198,10 +198,10 @@ class _NopSpan:
     """Stands for the SDK's instruments, tracer and spans in ``ours()``: takes every call
     aiolock makes, doing nothing."""
 
-    def record(self, value: float, attributes: object = None) -> None:
+    def record(self, value: float, attributes: object = None, context: object = None) -> None:
         return None
 
-    def add(self, value: float, attributes: object = None) -> None:
+    def add(self, value: float, attributes: object = None, context: object = None) -> None:
         return None
 
     def start_span(self, name: str, attributes: object = None) -> _NopSpan:

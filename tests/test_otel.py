@@ -554,3 +554,27 @@ async def test_a_task_that_never_yields_does_not_pile_points_up(otel: Telemetry)
             most = max(most, len(_telemetry._pending))
     assert most <= _telemetry.MAX_PENDING
     assert d.get("aiolock.hold.duration") == 1000
+
+
+async def test_a_point_the_sdk_refuses_is_logged_once_and_the_lock_goes_on(
+        otel: Telemetry, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An SDK that raises on record() (it should not: it logs) costs neither the lock
+    nor the log: the first refusal is a WARNING with its traceback, the next ones quiet."""
+    got = _telemetry._get()
+    assert got is not None
+
+    class Refusing:
+        def record(self, *args: object) -> None:
+            raise RuntimeError("refused")
+
+    monkeypatch.setattr(got, "hold_duration", Refusing())
+    monkeypatch.setattr(_telemetry, "_refusals", 0)
+    with caplog.at_level("WARNING", logger="aiolock.telemetry"):
+        async with aiolock.connect(url()) as locks:
+            for _ in range(5):
+                async with locks.lock(NAME):
+                    pass
+                await asyncio.sleep(0)
+    warnings = [r for r in caplog.records if r.name == "aiolock.telemetry"]
+    assert len(warnings) == 1 and warnings[0].exc_info is not None
+    assert _telemetry._refusals == 5
