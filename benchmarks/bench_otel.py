@@ -232,16 +232,24 @@ def _measure(mode: str, url: str, seconds: float) -> tuple[float, ...]:
 
 def _report(url: str, results: dict[str, list[tuple[float, ...]]]) -> None:
     runs = len(results["absent"])
-    print(f"\n{url}: median [min - max] over {runs} runs; cost = the medians' drop vs absent")
-    print(f"  {'setup':<12} {'cycles per CPU second':>36}   {'cycles per wall second':>36}")
+    print(f"\n{url}: median [min - max] over {runs} runs; cost = the medians' drop vs absent;")
+    print("  paired = the median [range] of each round's drop against that round's absent run")
+    print("  (the setups of a round run back to back: what drifts between rounds cancels)")
+    print(f"  {'setup':<12} {'cycles per CPU second':>36} {'paired':>22}   "
+          f"{'cycles per wall second':>36} {'paired':>22}")
     base = [statistics.median(r[i] for r in results["absent"]) for i in (0, 1)]
     for mode in MODES:
         cells = []
         for i in (1, 0):
             values = [r[i] for r in results[mode]]
             med = statistics.median(values)
-            cost = "" if mode == "absent" else f"{100 * (base[i] - med) / base[i]:+.1f} %"
-            cells.append(f"{med:>8,.0f} [{min(values):>7,.0f} - {max(values):>7,.0f}] {cost:>8}")
+            cost = paired = ""
+            if mode != "absent":
+                cost = f"{100 * (base[i] - med) / base[i]:+.1f} %"
+                pairs = zip(results[mode], results["absent"], strict=True)
+                drops = [100 * (1 - r[i] / a[i]) for r, a in pairs]
+                paired = f"{statistics.median(drops):+.1f} % [{min(drops):+.0f} .. {max(drops):+.0f}]"
+            cells.append(f"{med:>8,.0f} [{min(values):>7,.0f} - {max(values):>7,.0f}] {cost:>8} {paired:>22}")
         print(f"  {mode:<12} {cells[0]}   {cells[1]}")
     hooks = statistics.median(r[2] for r in results["api"])
     per_cycle = 1e9 / base[1]
