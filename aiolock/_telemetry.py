@@ -294,6 +294,8 @@ _running_loop = asyncio._get_running_loop  # None outside a running loop (never 
 #: letting the loop turn (``memory://`` cycles need not yield) pays for them inline.
 MAX_PENDING = 64
 _refusals = 0  # points the SDK raised on (logged, not retried)
+if hasattr(os, "register_at_fork"):  # a forked child must not record its parent's points again
+    os.register_at_fork(after_in_child=_pending.clear)
 
 
 def _point(otel: _OTel, record: Callable[..., None], value: float, attributes: dict[str, str]) -> None:

@@ -578,3 +578,28 @@ async def test_a_point_the_sdk_refuses_is_logged_once_and_the_lock_goes_on(
     warnings = [r for r in caplog.records if r.name == "aiolock.telemetry"]
     assert len(warnings) == 1 and warnings[0].exc_info is not None
     assert _telemetry._refusals == 5
+
+
+def test_a_forked_child_does_not_record_its_parents_waiting_points() -> None:
+    out = _child("""
+        import asyncio, os
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+        import aiolock
+        from aiolock import _telemetry
+        async def main():
+            async with aiolock.connect("memory://") as locks:
+                lease = await locks.lock("x").acquire()
+                assert _telemetry._pending  # the acquire point, waiting for the next turn
+                pid = os.fork()
+                if pid == 0:
+                    os._exit(0 if not _telemetry._pending else 1)
+                _, status = os.waitpid(pid, 0)
+                assert _telemetry._pending  # the parent's are still its own
+                await lease.release()
+                return os.waitstatus_to_exitcode(status)
+        print(asyncio.run(main()))
+    """)
+    assert out.strip() == "0"
