@@ -72,30 +72,11 @@ class Collected:
 
 class Telemetry:
     def __init__(self) -> None:
-        from opentelemetry import metrics, trace
-        from opentelemetry.sdk.metrics import (
-            Counter,
-            Histogram,
-            MeterProvider,
-            ObservableCounter,
-            ObservableGauge,
-            ObservableUpDownCounter,
-            UpDownCounter,
-        )
-        from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from .._otel_global import providers
 
-        delta, cum = AggregationTemporality.DELTA, AggregationTemporality.CUMULATIVE
-        self.reader = InMemoryMetricReader(preferred_temporality={
-            Counter: delta, Histogram: delta, ObservableCounter: delta,
-            UpDownCounter: cum, ObservableUpDownCounter: cum, ObservableGauge: cum})
-        self.exporter = InMemorySpanExporter()
-        tp = TracerProvider()
-        tp.add_span_processor(SimpleSpanProcessor(self.exporter))
-        metrics.set_meter_provider(MeterProvider(metric_readers=[self.reader]))
-        trace.set_tracer_provider(tp)
+        shared = providers()  # the process's global providers, shared with tests/test_otel.py
+        self.reader = shared.delta
+        self.exporter = shared.exporter
 
     def collect(self) -> Collected:
         from opentelemetry.sdk.metrics.export import (
