@@ -284,10 +284,12 @@ def _outcome(exc: BaseException) -> str:
 #: drained by whichever thread flushes: ``append`` and ``popleft`` are atomic, so each
 #: point is handed over exactly once, whoever flushes.
 _pending: deque[tuple[Callable[..., None], float, dict[str, str], Any]] = deque()
-#: The loop a :func:`flush` is scheduled on, or None. Only a hint that saves scheduling
-#: one flush per point: a point appended after a flush started schedules another (the
-#: flush clears it first), and a point whose scheduled flush never ran (its loop closed
-#: first) is taken by the next loop's flush or the next collection.
+#: The loop a :func:`_turn` is scheduled on and has not yet run on, or None: one
+#: scheduled flush per loop at a time, however many points wait (a task that never lets
+#: the loop turn would otherwise pile a callback up per inline flush). A point appended
+#: once that flush started schedules another (it clears this first); a point whose
+#: scheduled flush never ran (its loop closed first) is taken by the next loop's flush
+#: or the next collection.
 _flush_loop: asyncio.AbstractEventLoop | None = None
 _running_loop = asyncio._get_running_loop  # None outside a running loop (never raises)
 #: At most this many points wait: a task that takes and releases locks without ever
@@ -309,14 +311,19 @@ def _point(otel: _OTel, record: Callable[..., None], value: float, attributes: d
         flush()
     elif loop is not _flush_loop:
         _flush_loop = loop
-        loop.call_soon(flush)
+        loop.call_soon(_turn)
+
+
+def _turn() -> None:
+    """The flush scheduled on an event loop's next turn."""
+    global _flush_loop
+    _flush_loop = None
+    flush()
 
 
 def flush() -> None:
-    """Hand every waiting point to the SDK (an event loop's callback, an observer when
-    the SDK collects, or :func:`_point` outside a loop)."""
-    global _flush_loop
-    _flush_loop = None
+    """Hand every waiting point to the SDK (on a loop's turn, from an observer when the
+    SDK collects, or from :func:`_point` outside a loop or with too many waiting)."""
     pending = _pending
     while pending:
         try:
