@@ -21,8 +21,6 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 
 #: the code every child runs first: the SDK's pieces and a ``Tally`` of collections
