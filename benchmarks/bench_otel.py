@@ -32,6 +32,7 @@ them. The latter is a floor no instrumentation of a lock cycle can go under whil
 records every cycle as SPEC §9 asks; what the whole cycles add above it is aiolock's.
 
     python benchmarks/bench_otel.py [--runs 5] [--seconds 2] [--backends memory,redis,zookeeper,postgres]
+    python benchmarks/bench_otel.py --paired 60 --runs 3 [--backends ...]   # see _paired()
 
 Needs ``opentelemetry-sdk`` (``pip install 'aiolock[otel]' opentelemetry-sdk``).
 """
@@ -227,6 +228,57 @@ def _nop(*args: object) -> None:
     return None
 
 
+def _paired(url: str, blocks: int) -> None:
+    """``--paired``: in this one process, with the SDK's metrics configured, blocks of 100
+    cycles with telemetry off, points recorded inside acquire/release (``inline``) and
+    points handed over later (``deferred``, aiolock's way), the order rotated block by
+    block; prints the median of each block's cost against the ``off`` block next to it
+    (what drifts between blocks cancels: the steadiest figure on a noisy machine)."""
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    import aiolock
+    from aiolock import _telemetry
+
+    async def run() -> dict[str, list[tuple[float, float]]]:
+        async with aiolock.connect(url) as locks:
+            lock = locks.lock("bench-otel-paired", ttl=30)
+            for _ in range(200):
+                async with lock:
+                    pass
+            assert _telemetry._get() is not None
+            modules, limit = (_telemetry._mm, _telemetry._tm), _telemetry.MAX_PENDING
+            names = ("off", "inline", "deferred")
+            out: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+            for i in range(blocks):
+                for name in names[i % 3:] + names[: i % 3]:
+                    _telemetry.flush()
+                    if name == "off":
+                        _telemetry._mm = _telemetry._tm = _telemetry._Off
+                    else:
+                        _telemetry._mm, _telemetry._tm = modules
+                        _telemetry.MAX_PENDING = 0 if name == "inline" else limit
+                    start, cpu = time.perf_counter(), time.process_time()
+                    for _ in range(100):
+                        async with lock:
+                            pass
+                    out[name].append((time.perf_counter() - start, time.process_time() - cpu))
+            _telemetry._mm, _telemetry._tm = modules
+            _telemetry.MAX_PENDING = limit
+            return out
+
+    out = asyncio.run(run())
+    per_cycle = statistics.median(w for w, _ in out["off"]) / 100 * 1e6
+    cells = [f"off {per_cycle:.0f} us/cycle"]
+    for name in ("inline", "deferred"):
+        wall = [100 * (w / o[0] - 1) for (w, _), o in zip(out[name], out["off"], strict=True)]
+        cpu = [100 * (c / o[1] - 1) for (_, c), o in zip(out[name], out["off"], strict=True)]
+        cells.append(f"{name} wall {statistics.median(wall):+.1f} % cpu {statistics.median(cpu):+.1f} %")
+    print(f"{url.partition('://')[0]} paired, {blocks} blocks: " + "; ".join(cells))
+
+
 def _measure(mode: str, url: str, seconds: float) -> tuple[float, ...]:
     out = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--url", url,
@@ -276,11 +328,18 @@ def main() -> int:
     parser.add_argument("--no-redis", action="store_true", help="memory:// only")
     parser.add_argument("--backends", default="memory,redis",
                         help=f"comma-separated, of {', '.join(SERVERS)} (memory,redis)")
+    parser.add_argument("--paired", type=int, metavar="BLOCKS", default=0,
+                        help="instead: off / inline / deferred points in one process, BLOCKS "
+                             "blocks of 100 cycles each (see _paired)")
+    parser.add_argument("--paired-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--url", default="memory://", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(args.child, args.url, args.seconds)
+        return 0
+    if args.paired_child:
+        _paired(args.url, args.paired)
         return 0
     backends = ["memory"] if args.no_redis else [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = [b for b in backends if b not in SERVERS]
@@ -295,6 +354,11 @@ def main() -> int:
             if server is not None:
                 servers.append(server)
         for url in urls:
+            if args.paired:
+                for _ in range(args.runs):  # each run in a process of its own
+                    subprocess.run([sys.executable, str(Path(__file__).resolve()), "--paired-child",
+                                    "--paired", str(args.paired), "--url", url], check=True)
+                continue
             results: dict[str, list[tuple[float, ...]]] = {mode: [] for mode in MODES}
             for i in range(args.runs):
                 order = MODES[i % len(MODES):] + MODES[: i % len(MODES)]
