@@ -288,12 +288,11 @@ def _outcome(exc: BaseException) -> str:
 #: point is handed over exactly once, whoever flushes.
 _pending: deque[tuple[Callable[..., None], float, dict[str, str], Any]] = deque()
 #: The loop a :func:`_turn` is scheduled on (through :func:`_hop`) and has not yet run
-#: on, or None: one
-#: scheduled flush per loop at a time, however many points wait (a task that never lets
-#: the loop turn would otherwise pile a callback up per inline flush). A point appended
-#: once that flush started schedules another (it clears this first); a point whose
-#: scheduled flush never ran (its loop closed first) is taken by the next loop's flush
-#: or the next collection.
+#: on, or None: one scheduled flush per loop at a time, however many points wait (a task
+#: that never lets the loop turn would otherwise pile a callback up per inline flush). A
+#: point appended once that flush started schedules another (it clears this first); a
+#: point whose scheduled flush never ran (its loop closed first) is taken by the next
+#: loop's flush or the next collection.
 _flush_loop: asyncio.AbstractEventLoop | None = None
 _running_loop = asyncio._get_running_loop  # None outside a running loop (never raises)
 #: At most this many points wait: a task that takes and releases locks without ever
