@@ -53,6 +53,7 @@ import importlib.util
 import inspect
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
@@ -150,7 +151,8 @@ class _OTel:
         from opentelemetry.trace import Status, StatusCode
 
         # the context a point was made in, for the SDK's exemplars (a point is recorded
-        # later, elsewhere): ``record(..., context=)`` is in opentelemetry-api >= 1.27
+        # later, elsewhere): ``record(..., context=)`` is in opentelemetry-api >= 1.28
+        # (before it, the SDK keeps no exemplars)
         self.with_context = "context" in inspect.signature(self.acquire_duration.record).parameters
         self.current_context = context.get_current
         self.error_status = Status(StatusCode.ERROR)
@@ -283,37 +285,61 @@ def _outcome(exc: BaseException) -> str:
 # -- points: handed to the SDK off the lock's path -------------------------------------
 
 #: Measurements made and not yet handed to the SDK: (the instrument's ``record`` or
-#: ``add``, value, attributes, context or None). Appended on an event loop's thread,
-#: drained by whichever thread flushes: ``append`` and ``popleft`` are atomic, so each
-#: point is handed over exactly once, whoever flushes.
+#: ``add``, value, attributes, context or None). Appended on any thread (``append`` is
+#: atomic); drained only under :data:`_flushing`, so each point is handed over exactly
+#: once, and a collection's flush (another thread) waits for a point taken off the
+#: deque but not yet recorded, rather than collect without it.
 _pending: deque[tuple[Callable[..., None], float, dict[str, str], Any]] = deque()
-#: The loop a :func:`_turn` is scheduled on (through :func:`_hop`) and has not yet run
-#: on, or None: one scheduled flush per loop at a time, however many points wait (a task
-#: that never lets the loop turn would otherwise pile a callback up per inline flush). A
-#: point appended once that flush started schedules another (it clears this first); a
-#: point whose scheduled flush never ran (its loop closed first) is taken by the next
-#: loop's flush or the next collection.
-_flush_loop: asyncio.AbstractEventLoop | None = None
+#: Held while draining :data:`_pending` (reentrant: a finaliser run by the garbage
+#: collector inside ``record`` may make a point and flush). Never held while waiting on
+#: anything of the SDK's that a collection holds while it calls the observers: the
+#: SDK takes no lock of its collection's to record a point (1.23 to 1.45).
+_flushing = threading.RLock()
+
+
+class _Scheduled(threading.local):
+    #: The loop a :func:`_turn` is scheduled on (through :func:`_hop`) from this thread
+    #: and has not yet run on, or None: one scheduled flush per loop at a time, however
+    #: many points wait (a task that never lets the loop turn would otherwise pile a
+    #: callback up per inline flush); per thread, as each thread runs its own loop. A
+    #: point appended once that flush started schedules another (it clears this first);
+    #: a point whose scheduled flush never ran (its loop closed first) is taken by the
+    #: thread's next loop's flush or the next collection.
+    loop: asyncio.AbstractEventLoop | None = None
+
+
+_scheduled = _Scheduled()
 _running_loop = asyncio._get_running_loop  # None outside a running loop (never raises)
 #: At most this many points wait: a task that takes and releases locks without ever
 #: letting the loop turn (``memory://`` cycles need not yield) pays for them inline.
 MAX_PENDING = 64
 _refusals = 0  # points the SDK raised on (logged, not retried)
-if hasattr(os, "register_at_fork"):  # a forked child must not record its parent's points again
-    os.register_at_fork(after_in_child=_pending.clear)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child must not record its parent's points again, and must not find the
+    lock held by a thread of its parent's that it does not have."""
+    global _flushing
+    _pending.clear()
+    _flushing = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _point(otel: _OTel, record: Callable[..., None], value: float, attributes: dict[str, str]) -> None:
     """Hand one measurement to the SDK soon: two turns of this event loop later, or at
     the next collection if that comes first; at once outside an event loop."""
-    global _flush_loop
-    context = otel.current_context() if otel.with_context and _tm._TRACER_PROVIDER is not None else None
+    # the context now, not the flush's: with no tracer provider set, a span propagated
+    # from upstream is still current and the SDK's exemplars point to it
+    context = otel.current_context() if otel.with_context else None
     _pending.append((record, value, attributes, context))
     loop = _running_loop()
     if loop is None or len(_pending) >= MAX_PENDING:
         flush()
-    elif loop is not _flush_loop:
-        _flush_loop = loop
+    elif loop is not _scheduled.loop:
+        _scheduled.loop = loop
         loop.call_soon(_hop, loop)
 
 
@@ -326,8 +352,7 @@ def _hop(loop: asyncio.AbstractEventLoop) -> None:
 
 def _turn() -> None:
     """The flush scheduled a turn after a point was made."""
-    global _flush_loop
-    _flush_loop = None
+    _scheduled.loop = None
     flush()
 
 
@@ -335,24 +360,27 @@ def flush() -> None:
     """Hand every waiting point to the SDK (on a loop's turn, from an observer when the
     SDK collects, or from :func:`_point` outside a loop or with too many waiting)."""
     pending = _pending
-    while pending:
-        try:
-            record, value, attributes, context = pending.popleft()
-        except IndexError:  # another thread took the last one
-            return
-        try:
-            if context is None:
-                record(value, attributes)
-            else:
-                record(value, attributes, context)
-        except Exception:  # the SDK logs rather than raises; a point is never worth a lock
-            global _refusals
-            _refusals += 1
-            # the first refusal at WARNING with its traceback, then every 1000th (a
-            # refusing SDK would refuse every point: a log line each would flood the log)
-            if _refusals % 1000 == 1:
-                telemetry_log.warning("the OpenTelemetry SDK refused a point of %s (%d so far)",
-                                      getattr(record, "__self__", record), _refusals, exc_info=True)
+    # under the lock even to see it empty: another thread may hold a point it took off
+    # the deque and has not recorded yet (a collection must wait for it)
+    with _flushing:
+        while pending:
+            _record(*pending.popleft())
+
+
+def _record(record: Callable[..., None], value: float, attributes: dict[str, str], context: Any) -> None:
+    global _refusals
+    try:
+        if context is None:
+            record(value, attributes)
+        else:
+            record(value, attributes, context)
+    except Exception:  # the SDK logs rather than raises; a point is never worth a lock
+        _refusals += 1
+        # the first refusal at WARNING with its traceback, then every 1000th (a refusing
+        # SDK would refuse every point: a log line each would flood the log)
+        if _refusals % 1000 == 1:
+            telemetry_log.warning("the OpenTelemetry SDK refused a point of %s (%d so far)",
+                                  getattr(record, "__self__", record), _refusals, exc_info=True)
 
 
 # -- acquire, wait, release: decorators ---------------------------------------------------

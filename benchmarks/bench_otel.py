@@ -264,6 +264,7 @@ def _paired(url: str, blocks: int) -> None:
                     for _ in range(100):
                         async with lock:
                             pass
+                    _telemetry.flush()  # the block's points still waiting are the block's cost
                     out[name].append((time.perf_counter() - start, time.process_time() - cpu))
             _telemetry._mm, _telemetry._tm = modules
             _telemetry.MAX_PENDING = limit

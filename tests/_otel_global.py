@@ -4,7 +4,7 @@ The API lets a process set its global meter and tracer providers once; aiolock r
 to the global ones. Suites that read them (tests/test_otel.py: cumulative;
 tests/adversarial_issue13/: delta) may share a pytest-xdist worker in either order, so
 they share one ``MeterProvider`` with a reader of each temporality and one
-``TracerProvider`` with one in-memory span exporter, made here on first use.
+``TracerProvider`` with one in-memory span exporter (bounded), made here on first use.
 """
 
 from __future__ import annotations
@@ -22,8 +22,40 @@ class Providers:
     #: ``InMemoryMetricReader``, delta for counters and histograms, cumulative for up-down
     #: counters and gauges (their current value)
     delta: Any
-    #: ``InMemorySpanExporter`` behind a ``SimpleSpanProcessor``
+    #: :func:`kept_spans`'s exporter behind a ``SimpleSpanProcessor``
     exporter: Any
+
+
+#: the most spans the exporter keeps: every later test of the process makes spans too
+KEEP = 20_000
+
+
+def kept_spans() -> Any:
+    """An in-memory span exporter (``get_finished_spans()``, ``clear()``) that keeps
+    the last :data:`KEEP` spans: the providers stay set for the rest of the process,
+    whose other tests take locks too."""
+    from collections import deque
+
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class KeptSpans(SpanExporter):
+        def __init__(self) -> None:
+            self._spans: deque[Any] = deque(maxlen=KEEP)
+
+        def export(self, spans: Any) -> SpanExportResult:
+            self._spans.extend(spans)
+            return SpanExportResult.SUCCESS
+
+        def get_finished_spans(self) -> tuple[Any, ...]:
+            return tuple(self._spans)
+
+        def clear(self) -> None:
+            self._spans.clear()
+
+        def shutdown(self) -> None:
+            self._spans.clear()
+
+    return KeptSpans()
 
 
 _providers: list[Providers] = []
@@ -47,14 +79,13 @@ def providers() -> Providers:
     from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     delta, cum = AggregationTemporality.DELTA, AggregationTemporality.CUMULATIVE
     cumulative = InMemoryMetricReader()
     delta_reader = InMemoryMetricReader(preferred_temporality={
         Counter: delta, Histogram: delta, ObservableCounter: delta,
         UpDownCounter: cum, ObservableUpDownCounter: cum, ObservableGauge: cum})
-    exporter = InMemorySpanExporter()
+    exporter = kept_spans()
     meter_provider = MeterProvider(metric_readers=[cumulative, delta_reader])
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
