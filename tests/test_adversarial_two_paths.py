@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 LEAST = ("~aiolock:* resetchannels &aiolock:* -@all +ping +watch +unwatch +multi "
          "+exec +get +set +mget +incr +del +hget +hmget +hset +pttl +pexpire +lrange +ltrim "
-         "+llen +time +publish +subscribe +unsubscribe +pubsub|numsub +scan +zrange +hgetall")
+         "+llen +lpos +rpush +lrem +time +publish +subscribe +unsubscribe +pubsub|numsub "
+         "+scan +zrange +hgetall")
 
 WAITER = """
 import asyncio, sys

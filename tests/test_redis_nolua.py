@@ -649,7 +649,8 @@ async def _asks_until(admin: Any, ends: float, keys: list[str], args: list[Any])
 #: gives it (the words after ``user NAME on >PASSWORD``).
 LEAST = ("~aiolock:* resetchannels &aiolock:* -@all +ping +watch +unwatch +multi "
          "+exec +get +set +mget +incr +del +hget +hmget +hset +pttl +pexpire +lrange +ltrim "
-         "+llen +time +publish +subscribe +unsubscribe +pubsub|numsub +scan +zrange +hgetall")
+         "+llen +lpos +rpush +lrem +time +publish +subscribe +unsubscribe +pubsub|numsub "
+         "+scan +zrange +hgetall")
 
 
 def test_least_privileges_are_documented() -> None:

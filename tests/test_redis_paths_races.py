@@ -638,11 +638,7 @@ async def test_a_live_lua_waiter_behind_many_dead_ones_is_handed_the_lock(
 
 @pytest.mark.parametrize("path", [
     "lua",
-    pytest.param("txn", marks=pytest.mark.xfail(strict=True, reason=(
-        "local hand-offs of the Lua path are bounded (issue 10) only while the server's "
-        "queue shows other waiters; a transaction-path waiter never registers, so a Lua "
-        "process whose tasks keep contending hands the lock from task to task forever "
-        "and the other process never gets it"))),
+    "txn",
 ])
 async def test_a_waiter_of_either_path_is_not_starved_by_lua_local_hand_offs(
     txn: str, lua: str, name: str, path: str,

@@ -16,7 +16,8 @@ this process's inbox says so (``Signals.granted`` leaves the token in
 A local hand-off (a RELEASE naming a waiting claim of this process) sets ``"sent"`` to
 the time that RELEASE was sent, and ``"handoff"`` to a future done when its reply is in.
 
-Bounded local hand-offs (issue 10): while a process of its own waits on the server, a
+Bounded local hand-offs (issue 10): while another process waits on the server (a waiter
+registered in the lock's queue, through the Lua scripts or the transaction path), a
 release hands the lock to a task of this process (a local hand-off, the fastest kind)
 at most :data:`LOCAL_HANDOFFS` times in a row, and not after :data:`LOCAL_HANDOFF_S`
 seconds from the first of them; the next release hands it to the first waiter on the

@@ -98,7 +98,9 @@ end
 #: expiring after the waiter ttl unless the waiter comes back (it does, every third of
 #: that), and its *entry* ``<owner>|<registration>`` goes at the end of the list KEYS[3]
 #: (an entry without ``|``, as aiolock wrote before, is the owner alone: its registration
-#: is read from its waiter key). A release hands the lock straight to the first live
+#: is read from its waiter key; the transaction path, :mod:`aiolock.backends._redis_txn`,
+#: registers its waiters the same way, in a ``MULTI``/``EXEC``, so the queue holds the
+#: waiters of both paths in arrival order). A release hands the lock straight to the first live
 #: waiter of the list -- new token, lease of that waiter's ttl, its holder record -- and
 #: publishes ``<KEYS[1]>|<new owner>|<token>`` on that waiter's *inbox*, a pub/sub
 #: channel of its process: one message, heard by one process, no retry round trip.

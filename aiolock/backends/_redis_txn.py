@@ -11,44 +11,68 @@ The keys are the Lua path's (see :mod:`aiolock.backends._redis_scripts`), so a l
 through one path is held for the other: the lock hash ``<prefix>:lock:{<name>}`` (an
 election's: ``<prefix>:elect:{<name>}``, the same transactions on its own keys; fields
 ``owner``, ``token``, ``info``, ``since``; expires with the lease), the token counter
-``...:seq`` (never expires) and, read only to hand the lock over, the Lua path's waiting
-queue ``...:q`` (entries ``<owner>|<registration>``) and waiter keys ``...:x:<owner>``.
-Each primitive is one transaction on a connection of its own for its round trips (see
-:mod:`aiolock.backends._redis_lend`; every option of the URL applies to it), renewals
-and releases in slots of their own (:data:`URGENT`):
+``...:seq`` (never expires), and the waiting queue ``...:q`` (entries
+``<owner>|<registration>``) with the waiter keys ``...:x:<owner>``, which the waiters of
+both paths share. Each primitive is one transaction on a connection of its own for its
+round trips (see :mod:`aiolock.backends._redis_lend`; every option of the URL applies to
+it), renewals and releases in slots of their own (:data:`URGENT`):
 
-* acquire: ``WATCH`` the lock hash, the counter and the claim's waiter key, read them
-  and ``TIME`` (one round trip: all if the lock is held); if the lock is free,
-  ``MULTI``, ``INCR`` the counter, ``HSET`` owner, holder record and the token (the
-  counter's value + 1: it is watched, so that is what ``INCR`` returns), ``PEXPIRE``,
-  ``EXEC`` (a second; an election's grant also publishes ``|`` on its channel, for its
-  observers). An aborted ``EXEC`` (another client changed a watched key) is retried up
-  to :data:`MAX_CONFLICTS` times, then answered :class:`~aiolock.abc.Busy`: the core's
+* acquire: ``WATCH`` the lock hash, the counter and the claim's waiter key, read them,
+  ``TIME`` and (a claim that will wait) its place in the queue (``LPOS`` of its entry)
+  (one round trip: all if the lock is held by another and the claim does not wait); if
+  the lock is free, ``MULTI``, ``INCR`` the counter, ``HSET`` owner, holder record and
+  the token (the counter's value + 1: it is watched, so that is what ``INCR`` returns),
+  ``PEXPIRE``, (registered) ``LREM`` its entry and ``DEL`` its waiter key, ``EXEC`` (a
+  second; an election's grant also publishes ``|`` on its channel, for its observers).
+  The claim already the owner (a release handed it the lock) is granted with the lease
+  left. Held by another, a claim that will wait registers as the Lua ``ACQUIRE`` does
+  (``MULTI``: ``SET`` its waiter key to its registration ``<lease ttl ms>|<inbox
+  length>|<inbox><holder record>`` for a waiter ttl of its lease ttl, ``RPUSH`` its
+  entry unless the queue has it, ``PEXPIRE`` the queue, ``EXEC``) and is told to come
+  back when the holder's lease ends (the first waiter) or within a third of its waiter
+  ttl (each time it comes back it refreshes its registration). Its waiter listens on
+  this process's inbox, where a release of either path hands it the lock (the message
+  wakes it; it asks, and finds itself the owner), and on the lock's channel. An aborted
+  ``EXEC`` (another client changed a watched key) is retried up to
+  :data:`MAX_CONFLICTS` times, then answered :class:`~aiolock.abc.Busy`: the core's
   waiting retries;
 * renew: ``WATCH`` every claim's hash, read their owners, ``PEXPIRE`` those still held in
   one ``MULTI``/``EXEC``; a claim no longer held whose waiter key carries the revocation
   mark ``v`` (``force_release`` on either path) is answered :data:`~aiolock.abc.REVOKED`;
 * release: ``WATCH`` the hash, the counter and the queue; if this owner holds it, hand it
-  to the first live waiter of the Lua path (as its ``RELEASE`` does: new token, message
-  on that waiter's inbox, its waiter key deleted; an election also publishes ``|`` on its
-  channel; live: its waiter key has not lapsed and ``PUBSUB NUMSUB`` finds its inbox
-  heard, asked before ``MULTI``; never the releaser itself; the queue is read page by
-  page to its end), else ``DEL``
-  it and publish ``<owner>|`` on the lock's channel, where the waiters of this path (and
-  the Lua path's non-registering listeners, an election's observers) listen;
-* abandon: the Lua path's tombstone on the claim's waiter key first (an acquire in
-  flight watches that key: it cannot grant after), then a release;
+  to the first live registered waiter, of either path (as the Lua ``RELEASE`` does: new
+  token, message on that waiter's inbox, its waiter key deleted; an election also
+  publishes ``|`` on its channel; live: its waiter key has not lapsed and ``PUBSUB
+  NUMSUB`` finds its inbox heard, asked before ``MULTI``; never the releaser itself; the
+  queue is read page by page to its end), else ``DEL`` it and publish ``<owner>|`` on
+  the lock's channel, where unregistered waiters of this path (and the Lua path's
+  non-registering listeners, an election's observers) listen. No local hand-offs: every
+  release goes through the server;
+* abandon (a waiter that stops waiting: timeout, cancellation, an error): the Lua
+  path's tombstone on the claim's waiter key first (an acquire in flight watches that
+  key: it can neither grant nor register after; a release choosing it watches it too,
+  and a Lua ``RELEASE`` skips an entry whose key is not a registration), then ``LREM``
+  its queue entry, then a release (a hand-over that reached it while it gave up is
+  passed on to the next waiter). If the abandon fails, the claim is kept as an orphan
+  (see :class:`~aiolock.backends._redis_pubsub.Signals`): a hand-over to it still
+  reaches this process, which abandons it again; a registration nobody abandons lapses
+  with its waiter key (one lease ttl), and a release skips it at once if its process is
+  gone (nobody hears its inbox);
 * inspect, scan, force_release and set_info (an elected leader's ``proclaim``): see
   :mod:`aiolock.backends._redis_txn_ops`.
 
 Trade-offs against the Lua path (docs/backends/redis-noscripting.md has figures): two
-round trips per uncontended acquisition instead of one; waiters are not registered on the
-server, so a release wakes every process waiting for the lock (each retries, one wins,
-the others' ``EXEC`` may abort); not fair (an election's candidates neither); no
-read-write locks or semaphores (the capabilities say so). Holder records are kept: the lock
-hash's ``info`` and ``since`` (server ms of the grant, from ``TIME``) fields, as the Lua
-path keeps them (it may also leave ``gttl``, the lease's ms at a grant, which
-``inspect`` reads too).
+round trips per uncontended acquisition instead of one; a hand-over message is not
+taken as the grant (the waiter asks: one round trip more); not fair in the sense of
+``fair=True`` (a claim may take a free lock while others wait, as a non-fair Lua claim
+may), but a waiter keeps its place in the queue, so a release by either path hands the
+lock to the first live registered waiter of either path, and a Lua process's local
+hand-offs (issue 10) are bounded while it waits. An ACL user that may not run ``LPOS``,
+``RPUSH`` or ``LREM`` (the least-privilege line from before) waits unregistered, woken by
+a release's message on the lock's channel (one INFO line says so). No read-write locks or
+semaphores (the capabilities say so). Holder records are kept: the lock hash's ``info``
+and ``since`` (server ms of the grant, from ``TIME``) fields, as the Lua path keeps them
+(it may also leave ``gttl``, the lease's ms at a grant, which ``inspect`` reads too).
 """
 
 from __future__ import annotations
@@ -63,7 +87,7 @@ from typing import Any, ClassVar
 
 from redis import exceptions as rexc
 
-from ..abc import REVOKED, Busy, Capability, Claim, Granted, Kind, LockInfo
+from ..abc import REVOKED, Busy, Capability, Claim, Granted, Kind, LockInfo, Waiter
 from ..errors import BackendUnavailable, LockError
 from . import _redis_txn_ops
 from ._redis_errors import CONNECTING, error_code, redis_error
@@ -82,8 +106,11 @@ log = logging.getLogger("aiolock")
 MAX_CONFLICTS = 5
 #: Seconds to wait (at most, jittered) before trying again after MAX_CONFLICTS aborts.
 CONFLICT_PAUSE = 0.005
-#: Queue entries a release reads at a time to find a live waiter of the Lua path.
+#: Queue entries a release reads at a time to find a live registered waiter.
 QUEUE_LOOK = 8
+#: The least expiry of the queue a waiter registers in (the Lua WAITER's ``queue_ttl``:
+#: the larger of this and 24 waiter ttls).
+QUEUE_TTL_MS = 600_000
 #: Transactions at once for renewals, releases and abandons: they never queue behind
 #: acquisitions (at most MAX_IN_FLIGHT at once), which a burst of thousands would make
 #: wait past the leases' expiry.
@@ -91,7 +118,9 @@ URGENT = 16
 
 _ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError,
                                             rexc.RedisError, ResponseError)
-#: A Lua waiter's registration (its waiter key's value): ``<lease ttl ms>|<inbox length>|
+#: An error reply, raised by Lent.run (aiolock's own connections, or redis-py's).
+_REPLY_ERRORS: tuple[type[BaseException], ...] = (ResponseError, rexc.ResponseError)
+#: A waiter's registration (its waiter key's value, on either path): ``<lease ttl ms>|<inbox length>|
 #: <inbox><holder record>``, or (aiolock before holder records) ``<lease ttl ms>|<inbox>``.
 _REGISTRATION = re.compile(r"^(\d+)\|(\d+)\|(.*)$", re.DOTALL)
 _REGISTRATION_V1 = re.compile(r"^(\d+)\|(.+)$", re.DOTALL)
@@ -102,15 +131,20 @@ class RedisTxnBackend(RedisBackend):
 
     ``aiolock.connect("redis://host:port/db?scripting=off")``, or automatically where the
     server refuses scripts (see the module doc). ``lock()`` and ``election()`` (with
-    holders, ``scan`` and ``force_release``), not fair; no read-write locks or semaphores.
+    holders, ``scan`` and ``force_release``); waiters registered in the server's queue
+    (no ``fair=True``); no read-write locks or semaphores.
     """
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.EVENTS, Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS,
          Capability.SCAN, Capability.REVOKE, Capability.ELECTION}
     )
-    handoffs = False  # waiters listen on the lock's own channel, not on an inbox
-    waiting_counted: ClassVar[frozenset[Kind]] = frozenset()  # its waiters keep no place
+    # waiters register on the server and listen on the inbox (and the lock's channel);
+    # no local hand-offs: a release always goes through the server (see release). False
+    # (set on an instance): waiters neither register nor listen on the inbox
+    handoffs = True
+    # plain locks and candidates keep a place in the queue that inspect() counts
+    waiting_counted: ClassVar[frozenset[Kind]] = HELD_IN_HASH
     #: aborted ``EXEC`` (conflicts with another client) since this backend was made
     conflicts: int = 0
 
@@ -130,6 +164,7 @@ class RedisTxnBackend(RedisBackend):
         self._connections = Connections(self._client, lean)
         self._probed = False
         self._numsub = True  # PUBSUB NUMSUB allowed (until refused: see _subscribed)
+        self._register = True  # waiters register (unless refused: see _probe, _no_register)
 
     async def aclose(self) -> None:
         await self._connections.aclose()
@@ -153,6 +188,13 @@ class RedisTxnBackend(RedisBackend):
         async with self._tx_lent("WATCH/MULTI/EXEC", urgent=True) as conn:
             await conn.run(("WATCH", base), ("MGET", base), ("UNWATCH",),
                            ("WATCH", base), ("MULTI",), ("EXEC",))
+            if self._register:
+                try:  # a waiter's registration reads its place with LPOS (Redis 6.0.6+)
+                    await conn.run(("LPOS", base + ":q", "-"))
+                except _REPLY_ERRORS as exc:
+                    if error_code(exc) != "NOPERM" and "unknown command" not in str(exc).lower():
+                        raise
+                    self._no_register(exc)
         self._probed = True
 
     @contextlib.asynccontextmanager
@@ -176,28 +218,70 @@ class RedisTxnBackend(RedisBackend):
                             "without them: lock() and election() only)")
         if not self._probed:
             await self._probe()
+        state = claim.state
+        if state:
+            state.pop("grant", None)  # a hand-over message: the transaction below sees it
+        waits = claim.waits and self._register and self.handoffs
+        claims = self.signals.claims
+        if waits:  # before sending: a hand-over may come before the reply
+            claims[claim.owner] = claim
+        try:
+            result = await self._try_acquire_tx(claim, waits)
+        except BaseException:
+            claims.pop(claim.owner, None)
+            raise
+        if isinstance(result, Granted):
+            claims.pop(claim.owner, None)
+        return result
+
+    async def _try_acquire_tx(self, claim: Claim, waits: bool) -> Granted | Busy:
+        """The acquire transaction (see the module doc); ``waits``: register when busy."""
         base = self._base(claim.name, claim.kind)
         announce = (("PUBLISH", base, "|"),) if claim.kind is Kind.LEADER else ()
-        seq, mine = base + ":seq", base + ":x:" + claim.owner
+        seq, mine, queue = base + ":seq", base + ":x:" + claim.owner, base + ":q"
+        value = self._registration_of(claim)
+        entry = f"{claim.owner}|{value}"
+        lpos = (("LPOS", queue, entry),) if waits else ()
         async with self._tx_lent("WATCH/MULTI/EXEC acquire") as conn:
             for _ in range(MAX_CONFLICTS):
-                _, (owner, token), pttl, last, mark, now = await conn.run(
+                _, (owner, token), pttl, last, mark, now, *at = await conn.run(
                     ("WATCH", base, seq, mine), ("HMGET", base, "owner", "token"),
-                    ("PTTL", base), ("GET", seq), ("GET", mine), ("TIME",),
+                    ("PTTL", base), ("GET", seq), ("GET", mine), ("TIME",), *lpos,
                 )
-                if owner is not None or mark is not None:
-                    await conn.unwatch()
-                    if owner is not None and _text(owner) == claim.owner and int(pttl) > 0:
-                        return Granted(int(token), int(pttl))  # (it may expire between reads)
-                    if mark is not None:
-                        raise LockError(f"claim on {claim.name!r} was abandoned")
-                    return Busy(max(int(pttl), 1) / 1000)
+                if owner is not None and _text(owner) == claim.owner and int(pttl) > 0:
+                    await conn.unwatch()  # (it may expire between reads)
+                    return Granted(int(token), int(pttl))  # handed over, or a repeat
+                x = None if mark is None else _text(mark)
+                if x is not None and x != "v" and _registration(x) is None:
+                    await conn.unwatch()  # a tombstone or a release marker
+                    raise LockError(f"claim on {claim.name!r} was abandoned")
+                place = at[0] if at and at[0] is not None else None  # in the queue (0: first)
+                queued = place is not None
+                if owner is not None:
+                    if not waits:
+                        await conn.unwatch()
+                        return Busy(max(int(pttl), 1) / 1000)
+                    try:
+                        busy = await self._tx_register(conn, claim, mine, queue, value,
+                                                       entry, place, int(pttl))
+                    except _REPLY_ERRORS as exc:  # refused inside MULTI: not registered
+                        if error_code(exc) != "NOPERM":
+                            raise
+                        self._no_register(exc)
+                        return Busy(CONFLICT_PAUSE)  # (the connection is closed after)
+                    if busy is not None:
+                        return busy
+                    self.conflicts += 1
+                    continue
                 token = int(last or 0) + 1
+                # registered (or an entry left): leave the queue as it takes the lock
+                leave = (*((("LREM", queue, 1, entry),) if queued or x is not None else ()),
+                         *((("DEL", mine),) if x is not None else ()))
                 *_, done = await conn.run(
                     ("MULTI",), ("INCR", seq),
                     ("HSET", base, "owner", claim.owner, "token", token, "info", claim.info,
                      "since", _ms(now)),
-                    ("PEXPIRE", base, claim.ttl_ms), *announce, ("EXEC",),
+                    ("PEXPIRE", base, claim.ttl_ms), *leave, *announce, ("EXEC",),
                 )
                 if done is not ABORTED:
                     if int(done[0]) != token:
@@ -205,6 +289,43 @@ class RedisTxnBackend(RedisBackend):
                     return Granted(token, claim.ttl_ms)
                 self.conflicts += 1
         return Busy(random.uniform(CONFLICT_PAUSE / 5, CONFLICT_PAUSE))
+
+    async def _tx_register(
+        self, conn: Lent, claim: Claim, mine: str, queue: str, value: str, entry: str,
+        place: int | None, pttl: int,
+    ) -> Busy | None:
+        """Register (or refresh) ``claim`` as a waiter of the busy lock, as the Lua
+        ACQUIRE does: its waiter key (for a waiter ttl of the claim's lease ttl), its
+        entry at the end of the queue unless already there, the queue's expiry. Busy with
+        the Lua path's retry time (the first waiter: when the holder's lease ends; every
+        waiter within a third of its waiter ttl, to refresh); None if the EXEC aborted."""
+        wttl = claim.ttl_ms
+        push = () if place is not None else (("RPUSH", queue, entry),)
+        *_, done = await conn.run(
+            ("MULTI",), ("SET", mine, value, "PX", wttl), *push,
+            ("PEXPIRE", queue, max(24 * wttl, QUEUE_TTL_MS)), ("EXEC",),
+        )
+        if done is ABORTED:
+            return None
+        first = int(done[1]) == 1 if push else int(place or 0) == 0
+        refresh = wttl // 3
+        retry = min(pttl, refresh) if first else refresh
+        return Busy(max(retry, 1) / 1000)
+
+    def _registration_of(self, claim: Claim) -> str:
+        """``claim``'s registration, as the Lua ACQUIRE writes it: ``<lease ttl ms>|
+        <inbox length>|<inbox><holder record>`` (its waiter ttl is its lease ttl)."""
+        return f"{claim.ttl_ms}|{len(self.inbox)}|{self.inbox}{claim.info}"
+
+    def _no_register(self, exc: BaseException) -> None:
+        """The user may not run the commands of a registration (an ACL line from before
+        they were needed): wait unregistered from now on, as before, and say so once."""
+        if self._register:
+            self._register = False
+            log.info("Redis at %s refuses the commands that register a waiter (%s): "
+                     "waiters through transactions are not registered on the server, so a "
+                     "release through the Lua path may hand the lock to its own waiters "
+                     "first; grant +lpos +rpush +lrem", self._url, exc)
 
     # -- renew ----------------------------------------------------------------------------
 
@@ -286,25 +407,44 @@ class RedisTxnBackend(RedisBackend):
         return released
 
     async def abandon(self, claim: Claim) -> None:
+        self.signals.claims.pop(claim.owner, None)
         tomb = max(TOMBSTONE_MS, 2 * claim.ttl_ms)
-        mine = self._base(claim.name, claim.kind) + ":x:" + claim.owner
-        await self._tx_release(claim, first=("SET", mine, "a", "PX", tomb))
+        base = self._base(claim.name, claim.kind)
+        # the tombstone first (an acquire in flight watches the waiter key: it can neither
+        # grant nor register after it), then its queue entry (if it registered)
+        first: tuple[tuple[Any, ...], ...] = (("SET", base + ":x:" + claim.owner, "a", "PX", tomb),)
+        if claim.waits and self._register and self.handoffs:
+            entry = f"{claim.owner}|{self._registration_of(claim)}"
+            first += (("LREM", base + ":q", 1, entry),)
+        try:
+            await self._tx_release(claim, first=first)
+        except BaseException:
+            if claim.waits and self.handoffs:  # its entry may stay: a hand-over is passed on
+                self.signals.orphan(claim, self.abandon)
+            raise
+
+    async def listen(self, name: str, kind: Kind, waiter: Waiter) -> None:
+        channel = self._base(name, kind)
+        # a hand-over to a registered waiter comes to this process's inbox; a release
+        # that frees the lock (nobody registered and live) says so on the lock's channel
+        if self.handoffs:
+            await self.signals.listen(channel, waiter, self.inbox)
+        await self.signals.listen(channel, waiter)
 
     async def _tx_release(
-        self, claim: Claim, first: tuple[Any, ...] | None = None,
+        self, claim: Claim, first: tuple[tuple[Any, ...], ...] = (),
     ) -> tuple[bool, bool]:
-        """Release ``claim`` if it holds (after ``first``, a command sent before the
-        WATCH): hand the lock to the Lua path's first live waiter, or free it and say so
+        """Release ``claim`` if it holds (after ``first``, commands sent before the
+        WATCH): hand the lock to the first live registered waiter, or free it and say so
         on the lock's channel. (released, freed)."""
         base = self._base(claim.name, claim.kind)
         seq, queue = base + ":seq", base + ":q"
         result: tuple[bool, bool] | None = None
         async with self._tx_lent("WATCH/MULTI/EXEC release", urgent=True) as conn:
             for _ in range(2 * MAX_CONFLICTS):
-                ahead = (first,) if first is not None else ()
                 try:
                     *_, owner, waiting, last = await conn.run(
-                        *ahead, ("WATCH", base, seq, queue), ("HGET", base, "owner"),
+                        *first, ("WATCH", base, seq, queue), ("HGET", base, "owner"),
                         ("LRANGE", queue, 0, QUEUE_LOOK - 1), ("GET", seq),
                     )
                 except ResponseError as exc:  # (an abandon's tombstone, first, is set)
@@ -312,7 +452,7 @@ class RedisTxnBackend(RedisBackend):
                         raise
                     warn_foreign_key(base, claim.name)  # not held: nothing to release
                     return False, False
-                first = None
+                first = ()
                 if owner is None or _text(owner) != claim.owner:
                     await conn.unwatch()
                     return False, False
@@ -334,7 +474,7 @@ class RedisTxnBackend(RedisBackend):
         announce: bool = False, passed: str = "",
     ) -> tuple[list[tuple[Any, ...]], bool]:
         """The commands of a release (or a revocation: ``me`` "") inside MULTI, and
-        whether they free the lock: to the first live waiter of the Lua path if any (never
+        whether they free the lock: to the first live registered waiter if any (never
         ``passed``, the releasing or revoked owner; its waiter key now watched too, and
         deleted by the grant, as Lua's ``hand_over`` does; ``announce``: also ``|`` on the
         lock's channel, for an election's observers), else free. ``waiting`` is the
@@ -370,7 +510,7 @@ class RedisTxnBackend(RedisBackend):
         return [*trim, ("DEL", base), ("PUBLISH", base, f"{me}|")], True
 
     async def _subscribed(self, conn: Lent, inboxes: set[str]) -> dict[str, int] | None:
-        """How many subscribers each of ``inboxes`` (Lua waiters' processes) has now
+        """How many subscribers each of ``inboxes`` (registered waiters' processes) has now
         (``PUBSUB NUMSUB``), before a hand-over: a waiter nobody hears is skipped, as the
         Lua path's RELEASE skips one whose PUBLISH reached nobody. Asked before the
         transaction, never after: a hand-over found unheard after its EXEC cannot be taken
@@ -471,7 +611,7 @@ class AutoRedisBackend(RedisBackend):
             _become(self, AutoRedisBackend)  # undecided: the next request asks again
             raise refusal from refusal.__cause__
         log.info("Redis at %s refuses Lua scripts (%s): lock() and election() run as "
-                 "WATCH/MULTI/EXEC transactions (not fair; no rwlock or semaphore)",
+                 "WATCH/MULTI/EXEC transactions (no fair=True, rwlock or semaphore)",
                  self._url, refusal.__cause__ or refusal)
 
 
@@ -501,7 +641,7 @@ def _become(backend: AutoRedisBackend, cls: type[RedisBackend]) -> None:
 
 
 def _registration(value: Any) -> tuple[int, str, str] | None:
-    """A Lua waiter's registration -> (lease ttl ms, inbox, holder record); None for
+    """A waiter's registration -> (lease ttl ms, inbox, holder record); None for
     anything else (no waiter key, a tombstone, a release or revocation mark)."""
     if value is None:
         return None

@@ -23,7 +23,7 @@ watched key: a renewal's ``PEXPIRE`` is enough) is retried at once, at most
   ``UNWATCH``, False. Held: ``MULTI``; ``SET <hash>:x:<owner> v PX <ms>`` (the Lua
   path's revocation mark, for a minute and at least twice the lease left: the holder's
   next renewal on either path answers :data:`~aiolock.abc.REVOKED`); ``DEL`` the hash;
-  then as a release: hand it to the Lua path's first live registered waiter (a new
+  then as a release: hand it to the first live registered waiter, of either path (a new
   token, a message on that waiter's inbox; an election also publishes ``|`` on its
   channel), or publish ``|`` on the lock's channel, which wakes every waiter and
   observer of the name on either path; ``EXEC``: True. The counter is left alone (only a
