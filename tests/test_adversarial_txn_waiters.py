@@ -361,7 +361,7 @@ def test_mix_every_process_of_both_paths_served(mix: MixResult) -> None:
     counts = {tag: s["n"] for tag, s in mix.stats.items()}
     assert all(n >= 1 for n in counts.values()), f"a process starved: {counts}"
     # the README: a waiting process with k processes ahead of it gets the lock within k x 5
-    # acquisitions; 5 processes ahead here, so 25: allow twice that
+    # acquisitions; 5 processes ahead here, so 25 (seen: 13-21)
     worst: dict[str, int] = {}
     for tag in counts:
         run = 0
@@ -374,7 +374,7 @@ def test_mix_every_process_of_both_paths_served(mix: MixResult) -> None:
             else:
                 run += 1
         worst[tag] = max(worst.get(tag, 0), run)
-    assert max(worst.values()) <= 50, (
+    assert max(worst.values()) <= 30, (
         f"grants to others between two of a process's grants, worst per process: {worst}; "
         f"counts {counts}")
     txn_total = sum(n for tag, n in counts.items() if tag.startswith("txn"))
@@ -703,6 +703,80 @@ async def test_timeouts_of_txn_waiters_leave_no_place(server: Any, name: str) ->
         await lease.release()
 
 
+async def test_local_queue_head_cancelled_at_handover(server: Any, name: str) -> None:
+    """A transaction-path connection with 3 tasks queued for the name (its head registered
+    on the server), then a Lua-path waiter; the Lua holder releases while the head is
+    cancelled at random moments around it: every other task gets the lock within a short
+    time, and the lock ends free. 12 rounds."""
+    rnd = random.Random(5)
+    async with redis_client(server) as r, connected(
+            lua_url(server), txn_url(server), lua_url(server)) as (hc, xc, yc):
+        for i in range(12):
+            hold = await hc.lock(name, ttl=30).acquire(timeout=0)
+            lock = xc.lock(name, ttl=30)
+            xs = [asyncio.create_task(lock.acquire(timeout=10))]
+            await registered(r, name, 1)
+            xs += [asyncio.create_task(lock.acquire(timeout=10)) for _ in range(2)]
+            await asyncio.sleep(0.02)
+            y = asyncio.create_task(yc.lock(name, ttl=30).acquire(timeout=10))
+            await registered(r, name, 2)
+            before = rnd.random() < 0.5
+            if before:
+                xs[0].cancel()
+                await asyncio.sleep(rnd.uniform(0, 0.002))
+            t0 = time.monotonic()
+            await hold.release()
+            if not before:
+                await asyncio.sleep(rnd.uniform(0, 0.004))
+                xs[0].cancel()
+
+            async def take(task: asyncio.Task[aiolock.Lease]) -> None:
+                try:
+                    lease = await task
+                except asyncio.CancelledError:
+                    return
+                await asyncio.sleep(0.005)
+                await lease.release()
+
+            await asyncio.wait_for(asyncio.gather(*(take(t) for t in [*xs, y])), 10)
+            took = time.monotonic() - t0
+            assert took < 1.0, f"round {i}: 3-4 short holds took {took:.2f}s"
+            await until(lambda: _free(hc, name), 0.5, f"round {i}: free at the end")
+            await until(lambda: _qlen0(r, name), 1.0, f"round {i}: queue empty")
+
+
+async def test_one_try_of_txn_path_leaves_no_place(server: Any, name: str) -> None:
+    """acquire(timeout=0) on a held lock, 50 times from the transaction path: a one-try
+    claim does not wait, so nothing stays queued and status counts no waiter."""
+    async with redis_client(server) as r, connected(lua_url(server), txn_url(server)) as (hc, tc):
+        hold = await hc.lock(name, ttl=30).acquire(timeout=0)
+        for _ in range(50):
+            with pytest.raises(aiolock.LockTimeout):
+                await tc.lock(name, ttl=30).acquire(timeout=0)
+        await until(lambda: _qlen0(r, name), 0.5, "queue empty")
+        info = await tc.status(name)
+        assert info.waiters == 0, info
+        await hold.release()
+
+
+@pytest.mark.parametrize("holder", ["lua", "txn"])
+async def test_txn_waiter_comes_back_when_lease_lapses(server: Any, name: str, holder: str) -> None:
+    """A holder without watchdog (ttl 0.6 s) never releases; the transaction-path waiter,
+    first in the queue, comes back when the holder's lease ends: it holds the lock soon
+    after the expiry, not a third of its own 30 s ttl later."""
+    async with redis_client(server) as r, connected(url_for(server, holder),
+                                                    txn_url(server)) as (hc, wc):
+        hold = await hc.lock(name, ttl=0.6, watchdog=False).acquire(timeout=0)
+        t0 = time.monotonic()
+        task = asyncio.create_task(wc.lock(name, ttl=30).acquire(timeout=10))
+        await registered(r, name, 1)
+        lease = await asyncio.wait_for(task, 15)
+        took = time.monotonic() - t0
+        assert lease.token > hold.token
+        await lease.release()
+    assert took < 0.6 + 0.4, f"granted {took:.2f}s after the 0.6 s lease began"
+
+
 # ---------------------------------------------------------------------------------------
 # 4. kill -9 of waiters mid-wait
 # ---------------------------------------------------------------------------------------
@@ -751,6 +825,110 @@ async def test_killed_waiters_skipped_at_once(server: Any, name: str, holder: st
     assert max(took1, took2, took3) < 0.5, (
         f"hand-over to W1 {took1:.2f}s, to W2 {took2:.2f}s, free {took3:.2f}s")
     assert l1.token < l2.token
+
+
+@pytest.mark.parametrize("frozen", ["txn", "lua"])
+async def test_frozen_waiter_past_its_ttl_skipped_then_served(server: Any, name: str,
+                                                             frozen: str) -> None:
+    """A waiter (ttl 1 s) registered first, then SIGSTOPped for 2 s: its place lapsed, so the
+    release goes at once to the live waiter behind it (of the other path); once resumed, the
+    frozen one takes a new place and gets the lock after the live one releases, never both."""
+    live = "lua" if frozen == "txn" else "txn"
+    async with kids() as started, redis_client(server) as r, connected(
+            lua_url(server), url_for(server, live)) as (hc, wc):
+        started.append(await Kid.start("victim", "f", url=url_for(server, frozen),
+                                       base=server.url, name=name, ttl=1.0))
+        kid = started[0]
+        await kid.expect("ready", within=30)
+        hold = await hc.lock(name, ttl=30).acquire(timeout=0)
+        await r.set(f"go:{name}:f", "1")
+        await registered(r, name, 1)
+        task = asyncio.create_task(wc.lock(name, ttl=30).acquire(timeout=15))
+        await registered(r, name, 2)
+        os.kill(kid.proc.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(2.0)
+            t0 = time.monotonic()
+            await hold.release()
+            lease = await asyncio.wait_for(task, 10)
+            took = time.monotonic() - t0
+        finally:
+            os.kill(kid.proc.pid, signal.SIGCONT)
+        await asyncio.sleep(0.6)  # the frozen one wakes, finds the lock held, queues again
+        assert not lease.lost
+        t1 = time.monotonic()
+        await lease.release()
+        line = await kid.expect("got", within=10)
+        took2 = time.monotonic() - t1
+        assert int(line.split()[1]) > lease.token
+    assert took < 0.5, f"live waiter served {took:.2f}s after the release"
+    assert took2 < 1.0, f"resumed waiter served {took2:.2f}s after the live one released"
+
+
+@pytest.mark.parametrize("live", ["txn", "lua"])
+async def test_holder_and_first_waiter_killed_together(server: Any, name: str, live: str) -> None:
+    """README: if the holder and the first waiter die together, the lock is free up to a
+    third of the waiter's ttl after the holder's lease ends. Holder: a Lua-path process,
+    ttl 1; first waiter: a transaction-path process, ttl 3; both kill -9; the live waiter
+    (ttl 3) behind them must hold the lock within 1 + 1 s (+0.7 s slack) of the kill."""
+    async with kids() as started, redis_client(server) as r, connected(
+            url_for(server, live)) as (wc,):
+        for tag, path, ttl in (("h", "lua", 1.0), ("w", "txn", 3.0)):
+            started.append(await Kid.start("victim", tag, url=url_for(server, path),
+                                           base=server.url, name=name, ttl=ttl))
+        for kid in started:
+            await kid.expect("ready", within=30)
+        await r.set(f"go:{name}:h", "1")
+        await started[0].expect("got", within=10)
+        await r.set(f"go:{name}:w", "1")
+        await registered(r, name, 1)
+        task = asyncio.create_task(wc.lock(name, ttl=3).acquire(timeout=10))
+        await registered(r, name, 2)
+        await asyncio.sleep(0.5)  # the holder renews at least once
+        for kid in started:
+            kid.kill9()
+        t0 = time.monotonic()
+        for kid in started:
+            await kid.proc.wait()
+        lease = await asyncio.wait_for(task, 10)
+        took = time.monotonic() - t0
+        await lease.release()
+    assert took < 2.7, f"the live waiter got the lock {took:.2f}s after the kill"
+
+
+@pytest.mark.parametrize("closing", ["txn", "lua"])
+async def test_connection_closed_while_registered_strands_nothing(server: Any, name: str,
+                                                                  closing: str) -> None:
+    """README: closing a connection gives up every place its waiters keep in a server
+    queue. A registered waiter's connection closed (aclose) while it waits; the release
+    goes to the next waiter (the other path) at once."""
+    other = "lua" if closing == "txn" else "txn"
+    async with redis_client(server) as r, connected(lua_url(server),
+                                                    url_for(server, other)) as (hc, wc):
+        doomed = aiolock.connect(url_for(server, closing))
+        hold = await hc.lock(name, ttl=30).acquire(timeout=0)
+        t_doomed = asyncio.create_task(doomed.lock(name, ttl=30).acquire(timeout=15))
+        await registered(r, name, 1)
+        task = asyncio.create_task(wc.lock(name, ttl=30).acquire(timeout=15))
+        await registered(r, name, 2)
+        await doomed.aclose()
+        try:
+            got = await asyncio.wait_for(t_doomed, 5)
+        except (aiolock.LockError, asyncio.CancelledError):
+            got = None
+        assert got is None, f"a waiter of a closed connection got {got}"
+        await until(lambda: _qlen_is(r, name, 1), 1.0, "the closed connection's place gone")
+        t0 = time.monotonic()
+        await hold.release()
+        lease = await asyncio.wait_for(task, 10)
+        took = time.monotonic() - t0
+        await lease.release()
+        await until(lambda: _free(hc, name), 0.5, "free at the end")
+    assert took < 0.5, f"next waiter served {took:.2f}s after the release"
+
+
+async def _qlen_is(r: Any, name: str, n: int) -> bool:
+    return int(await r.llen(qkey(name))) == n
 
 
 # ---------------------------------------------------------------------------------------
