@@ -554,11 +554,12 @@ async def test_busy_process_does_not_starve_other_path(server: Any, name: str, b
 
 @pytest.mark.parametrize("waiter", [
     "lua",
-    pytest.param("txn", marks=pytest.mark.xfail(strict=True, reason=(
-        "a transaction-path waiter behind a busy Lua-path connection (4 tasks) sees that "
-        "connection take the lock 10-13 times per wait as a rule (5 for a Lua-path waiter, "
-        "the README's k x 5 bound), and 20-56 times in 10-20 ms about once in 20 waits: "
-        "max > 10 in 8 of 8 runs of 20 waits"))),
+    pytest.param("txn", marks=pytest.mark.xfail(strict=False, reason=(
+        "flaky: a transaction-path waiter behind a busy Lua-path connection (4 tasks) saw "
+        "that connection take the lock 10-13 times per wait as a rule (5 for a Lua-path "
+        "waiter, the README's k x 5 bound), and 20-56 times in 10-20 ms about once in 20 "
+        "waits: max > 10 in 10 of 10 runs 16:00-16:08 UTC; 5-8 per wait (pass) in 6 of 6 "
+        "runs at 16:13"))),
 ])
 async def test_busy_lua_process_local_handoffs_bounded(server: Any, name: str, waiter: str) -> None:
     """README: while another process waits, a release hands the lock to the next local
@@ -912,11 +913,6 @@ async def test_connection_closed_while_registered_strands_nothing(server: Any, n
         task = asyncio.create_task(wc.lock(name, ttl=30).acquire(timeout=15))
         await registered(r, name, 2)
         await doomed.aclose()
-        try:
-            got = await asyncio.wait_for(t_doomed, 5)
-        except (aiolock.LockError, asyncio.CancelledError):
-            got = None
-        assert got is None, f"a waiter of a closed connection got {got}"
         await until(lambda: _qlen_is(r, name, 1), 1.0, "the closed connection's place gone")
         t0 = time.monotonic()
         await hold.release()
@@ -924,7 +920,50 @@ async def test_connection_closed_while_registered_strands_nothing(server: Any, n
         took = time.monotonic() - t0
         await lease.release()
         await until(lambda: _free(hc, name), 0.5, "free at the end")
+        try:
+            got = await asyncio.wait_for(t_doomed, 8)  # request_timeout 5 s: the longest
+        except (aiolock.LockError, asyncio.CancelledError):
+            got = None
+        assert got is None, f"a waiter of a closed connection got {got}"
     assert took < 0.5, f"next waiter served {took:.2f}s after the release"
+
+
+_CLOSE_HANG = (
+    "a waiter whose connection is closed (aclose) a few ms into its acquire() (while it "
+    "subscribes: the traceback ends in aiolock/backends/_redis_pubsub.py awaiting the "
+    "subscription's confirmation) stays blocked for request_timeout (5.0 s), once 8+ s with "
+    "acquire(timeout=15), before it ends with LockError; most closes end it at once")
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param("txn", marks=pytest.mark.xfail(strict=False, reason=(
+        _CLOSE_HANG + "; transaction path: failed 5 of 5 runs (1-3 of 12 closes hung)"))),
+    pytest.param("lua", marks=pytest.mark.xfail(strict=False, reason=(
+        _CLOSE_HANG + "; Lua path: failed 4 of 8 runs"))),
+])
+async def test_waiter_ends_soon_after_its_connection_closed(server: Any, name: str,
+                                                            path: str) -> None:
+    """A waiter whose connection is closed (aclose) at a random moment of its first steps
+    (reads, registration, subscribing) ends soon, with an error: 12 tries, each within 1 s
+    (stops at the first that does not)."""
+    rnd = random.Random(11)
+    async with connected(lua_url(server)) as (hc,):
+        hold = await hc.lock(name, ttl=30).acquire(timeout=0)
+        ends = []
+        for _ in range(12):
+            doomed = aiolock.connect(url_for(server, path))
+            await doomed.status(name)  # connected
+            task = asyncio.create_task(doomed.lock(name, ttl=30).acquire(timeout=15))
+            await asyncio.sleep(rnd.uniform(0, 0.006))
+            await doomed.aclose()
+            t0 = time.monotonic()
+            with contextlib.suppress(aiolock.LockError, asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(task, 8)
+            ends.append(round(time.monotonic() - t0, 3))
+            if ends[-1] >= 1.0:
+                break
+        await hold.release()
+    assert max(ends) < 1.0, f"seconds from aclose() to the waiter's end: {ends}"
 
 
 async def _qlen_is(r: Any, name: str, n: int) -> bool:
@@ -1132,6 +1171,56 @@ async def test_election_contention_both_paths(server: Any, name: str) -> None:
     assert tokens == sorted(set(tokens))
     counts = {ci: sum(1 for _, c in terms if c == ci) for ci in range(4)}
     assert all(n >= 1 for n in counts.values()), counts
+
+
+@pytest.mark.parametrize(("revoker", "kind"), [("txn", "lock"), ("lua", "lock"),
+                                               ("txn", "election"), ("lua", "election")])
+async def test_force_release_hands_to_first_waiter_of_either_path(
+        server: Any, name: str, revoker: str, kind: str) -> None:
+    """force_release() through either path, with waiters [txn, lua] registered behind a
+    holder of the other path: the first (txn) gets it at once with a higher token, then
+    the Lua one; the revoked holder learns it within ttl/3 (ttl 1.5 s here)."""
+    holder_path = "lua" if revoker == "txn" else "txn"
+    async with redis_client(server) as r, connected(
+            url_for(server, holder_path), txn_url(server), lua_url(server),
+            url_for(server, revoker)) as (hc, ac, bc, rc):
+
+        def claim(c: aiolock.Locks, ttl: float) -> Any:
+            if kind == "lock":
+                return c.lock(name, ttl=ttl)
+            return c.election(name, ttl=ttl).campaign(data=c.url)
+
+        hold = await claim(hc, 1.5).acquire(timeout=0)
+        q = qkey(name) if kind == "lock" else None
+        ta = asyncio.create_task(claim(ac, 30).acquire(timeout=10))
+        if q is None:
+            q = await _find_queue(r, name)
+
+        async def queued(n: int) -> bool:
+            assert q is not None
+            return int(await r.llen(q)) >= n
+
+        await until(lambda: queued(1), 5, "txn waiter queued")
+        tb = asyncio.create_task(claim(bc, 30).acquire(timeout=10))
+        await until(lambda: queued(2), 5, "lua waiter queued")
+        target = claim(rc, 30)
+        t0 = time.monotonic()
+        assert await target.force_release()
+        la = await asyncio.wait_for(ta, 5)
+        took = time.monotonic() - t0
+        assert la.token > hold.token
+        await until(lambda: _lost(hold), 1.5 / 3 + 0.5, "the revoked holder learns it")
+        assert not tb.done()
+        await la.release()
+        lb = await asyncio.wait_for(tb, 5)
+        assert lb.token > la.token
+        await lb.release()
+        await hold.release()  # its late release frees nothing
+    assert took < 0.5, f"first waiter served {took:.2f}s after the revocation"
+
+
+async def _lost(lease: Any) -> bool:
+    return bool(lease.lost)
 
 
 # ---------------------------------------------------------------------------------------
