@@ -165,7 +165,11 @@ async def test_without_watchdog_the_lease_expires_and_body_is_cancelled(
             await asyncio.sleep(1)
             reached = True
     assert not reached and lease.lost
-    assert not await locks.lock(name).locked()
+    # the lease counts itself lost from when its request was sent, the server from when
+    # it ran it: the server may free the name a request's latency later
+    async with asyncio.timeout(2):
+        while await locks.lock(name).locked():
+            await asyncio.sleep(0.02)
 
 
 async def test_on_lost_raise_lets_body_finish(locks: aiolock.Locks, name: str) -> None:
