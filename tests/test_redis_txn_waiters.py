@@ -4,16 +4,15 @@ waits, removed when it stops; a release through either path hands the lock to th
 live registered waiter, whichever its path (docs/backends/redis-noscripting.md).
 """
 
+# ruff: noqa: F811  -- the imported fixtures are test parameters
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
 import aiolock
 from aiolock.backends._redis_txn import RedisTxnBackend
@@ -22,27 +21,12 @@ from .adversarial.conftest import SECRET, acl_redis  # noqa: F401 -- a fixture
 from .adversarial.servers import PasswordRedis
 from .test_adversarial_two_paths import kill9, spawn_waiter
 from .test_redis_nolua import LEAST, acl_server, lua_url  # noqa: F401 -- fixtures
-
-
-@pytest.fixture
-def txn(server: PasswordRedis) -> str:
-    return f"redis://127.0.0.1:{server.port}/0?scripting=off"
-
-
-@pytest.fixture
-async def admin(server: PasswordRedis) -> AsyncIterator[Any]:
-    client = aioredis.Redis(port=server.port, decode_responses=True)
-    yield client
-    await client.aclose()
+from .test_redis_paths_races import _base, admin, txn  # noqa: F401 -- fixtures
 
 
 @pytest.fixture
 def name() -> str:
     return f"txnw-{uuid.uuid4().hex}"
-
-
-def _base(name: str) -> str:
-    return f"aiolock:lock:{{{name}}}"
 
 
 async def _queued(admin: Any, name: str) -> list[str]:
