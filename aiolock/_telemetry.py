@@ -19,20 +19,22 @@ pays:
   more than a lock cycle on ``memory://``.)
 * an SDK configured: two histogram points per cycle (acquire and hold durations) and,
   with a tracer provider, two spans; everything aiolock computes for them is made once
-  per (backend, kind) (:class:`_Labels`), and a span is made current with a plain
-  ``attach``/``detach`` rather than the API's generator-based context managers. The rest
-  is the SDK's own cost per point and per span (``benchmarks/bench_otel.py`` times it).
+  per (backend, kind) (:class:`_Labels`). The rest is the SDK's own cost per point and
+  per span (``benchmarks/bench_otel.py`` times it).
 
-Metric points are handed to the SDK off the lock's path (:func:`_point`): a callback
-two turns of the event loop later takes them (after the callbacks queued with the point,
-among them a backend's connection task sending the next request), which on a network
-backend is while that request is on the wire, so the SDK's several microseconds per
-point (its attribute checks and hashing) do not delay the lock (measured: an uncontended
-PostgreSQL cycle lost 10 % of its wall time recording inline, 12 % one turn later, 2-3 %
-two turns later); and every collection takes the ones still waiting first
-(the observers of the asynchronous counters run before the SDK reads its aggregations),
-so a reader never misses a point that was made before it collected. Spans stay on the
-path: the acquire span is current while acquiring, so client spans nest in it.
+Metric points, and the start of spans, are handed to the SDK off the lock's path
+(:func:`_defer`): a callback two turns of the event loop later takes them (after the
+callbacks queued with them, among them a backend's connection task sending the next
+request), which on a network backend is while that request is on the wire, so the SDK's
+several microseconds per point and a dozen per span start (its sampler, ids, attribute
+checks and hashing) do not delay the lock (measured: an uncontended PostgreSQL cycle lost
+10 % of its wall time recording inline, 12 % one turn later, 2-3 % two turns later); and
+every collection takes the ones still waiting first (the observers of the asynchronous
+counters run before the SDK reads its aggregations), so a reader never misses a point
+that was made before it collected. A span is ended on the path (:class:`_Span`), so it
+is exported when the call returns; it is never the current span (client spans made
+while acquiring are its siblings), and the points made within it are recorded in its
+context (exemplars point to it).
 
 Leases held and acquisitions waiting are asynchronous up-down counters: aiolock keeps the
 counts (:data:`HELD`, :data:`WAITING`) and the SDK reads them when it collects (a
@@ -47,6 +49,7 @@ would let anyone release the lease).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import importlib
 import importlib.util
@@ -156,8 +159,6 @@ class _OTel:
         self.with_context = "context" in inspect.signature(self.acquire_duration.record).parameters
         self.current_context = context.get_current
         self.error_status = Status(StatusCode.ERROR)
-        # a span made current without the API's generator-based context managers
-        self.attach, self.detach = context.attach, context.detach
         self.in_context = trace.set_span_in_context
 
     def metrics_on(self) -> bool:
@@ -284,12 +285,13 @@ def _outcome(exc: BaseException) -> str:
 
 # -- points: handed to the SDK off the lock's path -------------------------------------
 
-#: Measurements made and not yet handed to the SDK: (the instrument's ``record`` or
-#: ``add``, value, attributes, context or None). Appended on any thread (``append`` is
-#: atomic); drained only under :data:`_flushing`, so each point is handed over exactly
-#: once, and a collection's flush (another thread) waits for a point taken off the
-#: deque but not yet recorded, rather than collect without it.
-_pending: deque[tuple[Callable[..., None], float, dict[str, str], Any]] = deque()
+#: Work for the SDK not yet handed to it: each item a function and its arguments (a
+#: point to record, :func:`_record` / :func:`_record_in`; a span to start,
+#: :func:`_begin`). Appended on any thread (``append`` is atomic); drained only under
+#: :data:`_flushing`, so each item is handed over exactly once, and a collection's flush
+#: (another thread) waits for an item taken off the deque but not yet handed over,
+#: rather than collect without it.
+_pending: deque[tuple[Any, ...]] = deque()
 #: Held while draining :data:`_pending` (reentrant: a finaliser run by the garbage
 #: collector inside ``record`` may make a point and flush). Never held while waiting on
 #: anything of the SDK's that a collection holds while it calls the observers: the
@@ -331,10 +333,17 @@ if hasattr(os, "register_at_fork"):
 def _point(otel: _OTel, record: Callable[..., None], value: float, attributes: dict[str, str]) -> None:
     """Hand one measurement to the SDK soon: two turns of this event loop later, or at
     the next collection if that comes first; at once outside an event loop."""
-    # the context now, not the flush's: with no tracer provider set, a span propagated
-    # from upstream is still current and the SDK's exemplars point to it
-    context = otel.current_context() if otel.with_context else None
-    _pending.append((record, value, attributes, context))
+    span = _in_span.get()
+    if span is not None:  # made while releasing: in the release span's context
+        _defer((_record_in, record, value, attributes, span))
+    else:
+        # the context now, not the flush's: with no tracer provider set, a span propagated
+        # from upstream is still current and the SDK's exemplars point to it
+        _defer((_record, record, value, attributes, otel.current_context() if otel.with_context else None))
+
+
+def _defer(item: tuple[Any, ...]) -> None:
+    _pending.append(item)
     loop = _running_loop()
     if loop is None or len(_pending) >= MAX_PENDING:
         flush()
@@ -357,30 +366,112 @@ def _turn() -> None:
 
 
 def flush() -> None:
-    """Hand every waiting point to the SDK (on a loop's turn, from an observer when the
-    SDK collects, or from :func:`_point` outside a loop or with too many waiting)."""
+    """Hand everything waiting to the SDK (on a loop's turn, from an observer when the
+    SDK collects, or from :func:`_defer` outside a loop or with too many waiting)."""
     pending = _pending
-    # under the lock even to see it empty: another thread may hold a point it took off
-    # the deque and has not recorded yet (a collection must wait for it)
+    # under the lock even to see it empty: another thread may hold an item it took off
+    # the deque and has not handed over yet (a collection must wait for it)
     with _flushing:
         while pending:
-            _record(*pending.popleft())
+            item = pending.popleft()
+            try:
+                item[0](*item[1:])
+            except Exception:  # the SDK logs rather than raises; a point is never worth a lock
+                _refused(item[1])
+
+
+def _refused(what: Any) -> None:
+    global _refusals
+    _refusals += 1
+    # the first refusal at WARNING with its traceback, then every 1000th (a refusing SDK
+    # would refuse every point: a log line each would flood the log)
+    if _refusals % 1000 == 1:
+        telemetry_log.warning("the OpenTelemetry SDK refused %s (%d so far)",
+                              getattr(what, "__self__", what), _refusals, exc_info=True)
 
 
 def _record(record: Callable[..., None], value: float, attributes: dict[str, str], context: Any) -> None:
-    global _refusals
-    try:
-        if context is None:
-            record(value, attributes)
-        else:
-            record(value, attributes, context)
-    except Exception:  # the SDK logs rather than raises; a point is never worth a lock
-        _refusals += 1
-        # the first refusal at WARNING with its traceback, then every 1000th (a refusing
-        # SDK would refuse every point: a log line each would flood the log)
-        if _refusals % 1000 == 1:
-            telemetry_log.warning("the OpenTelemetry SDK refused a point of %s (%d so far)",
-                                  getattr(record, "__self__", record), _refusals, exc_info=True)
+    if context is None:
+        record(value, attributes)
+    else:
+        record(value, attributes, context)
+
+
+def _record_in(record: Callable[..., None], value: float, attributes: dict[str, str], span: _Span) -> None:
+    """Record a point made while ``span`` was open, in that span's context (exemplars)."""
+    if not span.otel.with_context:
+        record(value, attributes)
+    elif span.span is None:  # the SDK refused to start it
+        record(value, attributes, span.parent)
+    else:
+        record(value, attributes, span.otel.in_context(span.span, span.parent))
+
+
+class _Span:
+    """A span whose start is handed to the SDK off the lock's path, like a point (the
+    SDK's sampler, ids and attribute checks are the larger part of a span's cost), and
+    which is ended on the path, so that it is in the exporter when the call returns.
+
+    It starts when :func:`flush` runs (on a network backend while the request is on the
+    wire), with the time and parent context of when it was made; if no flush ran before
+    it ends (nothing yielded, as on ``memory://``), :meth:`end` starts it first. So it is
+    never current: a client library's spans made meanwhile are its siblings, under the
+    same parent.
+
+    Invariant: ``span`` goes from None to the SDK's span (or :data:`_REFUSED`) once,
+    under :data:`_flushing`; after that the queued ``_begin`` is a no-op.
+    """
+
+    __slots__ = ("attributes", "name", "otel", "parent", "span", "start")
+
+    def __init__(self, otel: _OTel, name: str, attributes: dict[str, Any]) -> None:
+        self.otel = otel
+        self.name = name
+        self.attributes = attributes
+        self.parent = otel.current_context()
+        self.start = time.time_ns()
+        self.span: Any = None
+        _defer((_begin, self))
+
+    def end(self, attributes: dict[str, Any] | None, error: BaseException | None = None) -> None:
+        """Set the final attributes (and the error, if any), and end it now."""
+        span = self.span
+        if span is None:
+            with _flushing:  # a flush on another thread may be starting it
+                span = _begin(self)
+        if span is _REFUSED:
+            return
+        try:
+            if attributes:
+                span.set_attributes(attributes)
+            if error is not None:
+                span.record_exception(error)
+                span.set_status(self.otel.error_status.status_code, type(error).__name__)
+            span.end()
+        except Exception:
+            _refused(self.otel.tracer)
+
+
+_REFUSED: Any = object()
+
+
+def _begin(span: _Span) -> Any:
+    """Start ``span`` in the SDK unless it was (under :data:`_flushing`)."""
+    started = span.span
+    if started is None:
+        try:
+            started = span.otel.tracer.start_span(span.name, span.parent, attributes=span.attributes,
+                                                  start_time=span.start)
+        except Exception:
+            started = _REFUSED
+            _refused(span.otel.tracer)
+        span.span = started
+    return started
+
+
+#: The release span open in this task while a lease is released: the points its release
+#: makes (the hold's duration, a loss) are recorded in its context.
+_in_span: contextvars.ContextVar[_Span | None] = contextvars.ContextVar("aiolock_span", default=None)
 
 
 # -- acquire, wait, release: decorators ---------------------------------------------------
@@ -424,24 +515,19 @@ async def _traced_acquire(otel: _OTel, func: Any, lock: Lock, timeout: Any) -> A
             raise
         finally:
             _point(otel, otel.acquire_duration.record, time.perf_counter() - start, labels.outcomes[outcome])
-    span = otel.tracer.start_span("aiolock.acquire", attributes={"aiolock.name": lock.name, **labels.attrs})
-    current = otel.attach(otel.in_context(span))  # client spans nest in it
+    span = _Span(otel, "aiolock.acquire", {"aiolock.name": lock.name, **labels.attrs})
     try:
         lease = await func(lock, timeout)
-        span.set_attributes({"aiolock.token": lease.token, "aiolock.outcome": outcome})
+        span.end({"aiolock.token": lease.token, "aiolock.outcome": outcome})
         return lease
     except BaseException as exc:
         outcome = _outcome(exc)
-        span.set_attribute("aiolock.outcome", outcome)
-        if outcome == "error":
-            span.record_exception(exc)
-            span.set_status(otel.error_status.status_code, type(exc).__name__)
+        span.end({"aiolock.outcome": outcome}, exc if outcome == "error" else None)
         raise
     finally:
-        if measure:  # while the span is current: an exemplar may point to it
-            _point(otel, otel.acquire_duration.record, time.perf_counter() - start, labels.outcomes[outcome])
-        otel.detach(current)
-        span.end()
+        if measure:  # in the span's context: an exemplar may point to it
+            _defer((_record_in, otel.acquire_duration.record, time.perf_counter() - start,
+                    labels.outcomes[outcome], span))
 
 
 def waiting(
@@ -499,17 +585,17 @@ async def _traced_release(otel: _OTel, func: Any, lease: Lease) -> Any:
     hold = lease._hold
     attributes: dict[str, Any] = {"aiolock.name": hold.claim.name, "aiolock.token": hold.token}
     attributes.update(_labels_of(hold.engine.scheme, hold.claim.kind).attrs)
-    span = otel.tracer.start_span("aiolock.release", attributes=attributes)
-    current = otel.attach(otel.in_context(span))
+    span = _Span(otel, "aiolock.release", attributes)
+    current = _in_span.set(span)  # the hold's points are made in its context
+    error: Exception | None = None
     try:
         return await func(lease)
     except Exception as exc:
-        span.record_exception(exc)
-        span.set_status(otel.error_status.status_code, type(exc).__name__)
+        error = exc
         raise
     finally:
-        otel.detach(current)
-        span.end()
+        _in_span.reset(current)
+        span.end(None, error)
 
 
 # -- a lease's life: one call per event ---------------------------------------------------

@@ -130,17 +130,16 @@ def _child(mode: str, url: str, seconds: float) -> None:
     def sdk_floor() -> float:
         """What the SDK's own calls cost one cycle, timed directly (ns): the calls aiolock
         makes per cycle, made the same way but with nothing of aiolock around them -- two
-        histogram points and, with a tracer provider, two spans made current and ended."""
+        histogram points and, with a tracer provider, two spans started and ended."""
         otel = _telemetry._get()
         assert otel is not None
         labels = _telemetry._labels_of(url.partition("://")[0], aiolock.Kind.LOCK)
         outcome = labels.outcomes["granted"]
 
         def span(name: str, attributes: dict[str, Any]) -> None:
-            current = otel.tracer.start_span(name, attributes=attributes)
-            token = otel.attach(otel.in_context(current))
+            current = otel.tracer.start_span(name, otel.current_context(), attributes=attributes,
+                                             start_time=time.time_ns())
             current.set_attributes({"aiolock.token": 1, "aiolock.outcome": "granted"})
-            otel.detach(token)
             current.end()
 
         def cycle() -> None:
@@ -166,7 +165,7 @@ def _child(mode: str, url: str, seconds: float) -> None:
         modules = _telemetry._mm, _telemetry._tm
         nop_span = _NopSpan()
         nops = dict(acquire_duration=nop_span, hold_duration=nop_span, leases_lost=nop_span,
-                    tracer=nop_span, attach=_nop, detach=_nop, in_context=_nop)
+                    tracer=nop_span, in_context=_nop)
         times: dict[bool, list[float]] = {False: [], True: []}
         async with aiolock.connect(url) as locks:
             lock = locks.lock("bench-otel-ours", ttl=30)
@@ -211,7 +210,8 @@ class _NopSpan:
     def add(self, value: float, attributes: object = None, context: object = None) -> None:
         return None
 
-    def start_span(self, name: str, attributes: object = None) -> _NopSpan:
+    def start_span(self, name: str, context: object = None, attributes: object = None,
+                   start_time: object = None) -> _NopSpan:
         return self
 
     def set_attributes(self, attributes: object) -> None:
@@ -228,17 +228,32 @@ def _nop(*args: object) -> None:
     return None
 
 
+PAIRED = ("off", "metrics", "traces", "inline")
+
+
 def _paired(url: str, blocks: int) -> None:
-    """``--paired``: in this one process, with the SDK's metrics configured, blocks of 100
-    cycles with telemetry off, points recorded inside acquire/release (``inline``) and
-    points handed over later (``deferred``, aiolock's way), the order rotated block by
-    block; prints the median of each block's cost against the ``off`` block next to it
-    (what drifts between blocks cancels: the steadiest figure on a noisy machine)."""
-    from opentelemetry import metrics
+    """``--paired``: in this one process, with the SDK's metrics and traces configured
+    (every span sampled, a ``BatchSpanProcessor`` whose exporter drops them), blocks of
+    100 cycles with telemetry off, with metrics only (``metrics``), with metrics and
+    traces (``traces``), and with both but the SDK's work done inside acquire/release
+    (``inline``: what it costs without aiolock's deferral), the order rotated block by
+    block; prints the median of each block's cost against the
+    ``off`` block next to it (what drifts between blocks cancels: the steadiest figure
+    on a noisy machine)."""
+    from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Drop(SpanExporter):
+        def export(self, spans: object) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
 
     metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Drop()))
+    trace.set_tracer_provider(provider)
     import aiolock
     from aiolock import _telemetry
 
@@ -249,35 +264,34 @@ def _paired(url: str, blocks: int) -> None:
                 async with lock:
                     pass
             assert _telemetry._get() is not None
-            modules, limit = (_telemetry._mm, _telemetry._tm), _telemetry.MAX_PENDING
-            names = ("off", "inline", "deferred")
-            out: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+            (mm, tm), limit = (_telemetry._mm, _telemetry._tm), _telemetry.MAX_PENDING
+            out: dict[str, list[tuple[float, float]]] = {name: [] for name in PAIRED}
             for i in range(blocks):
-                for name in names[i % 3:] + names[: i % 3]:
+                k = i % len(PAIRED)
+                for name in PAIRED[k:] + PAIRED[:k]:
                     _telemetry.flush()
-                    if name == "off":
-                        _telemetry._mm = _telemetry._tm = _telemetry._Off
-                    else:
-                        _telemetry._mm, _telemetry._tm = modules
-                        _telemetry.MAX_PENDING = 0 if name == "inline" else limit
+                    _telemetry._mm = _telemetry._Off if name == "off" else mm
+                    _telemetry._tm = _telemetry._Off if name in ("off", "metrics") else tm
+                    _telemetry.MAX_PENDING = 0 if name == "inline" else limit
                     start, cpu = time.perf_counter(), time.process_time()
                     for _ in range(100):
                         async with lock:
                             pass
-                    _telemetry.flush()  # the block's points still waiting are the block's cost
+                    _telemetry.flush()  # the block's work still waiting is the block's cost
                     out[name].append((time.perf_counter() - start, time.process_time() - cpu))
-            _telemetry._mm, _telemetry._tm = modules
+            _telemetry._mm, _telemetry._tm = mm, tm
             _telemetry.MAX_PENDING = limit
             return out
 
     out = asyncio.run(run())
+    provider.shutdown()
     per_cycle = statistics.median(w for w, _ in out["off"]) / 100 * 1e6
     cells = [f"off {per_cycle:.0f} us/cycle"]
-    for name in ("inline", "deferred"):
+    for name in PAIRED[1:]:
         wall = [100 * (w / o[0] - 1) for (w, _), o in zip(out[name], out["off"], strict=True)]
         cpu = [100 * (c / o[1] - 1) for (_, c), o in zip(out[name], out["off"], strict=True)]
         cells.append(f"{name} wall {statistics.median(wall):+.1f} % cpu {statistics.median(cpu):+.1f} %")
-    print(f"{url.partition('://')[0]} paired, {blocks} blocks: " + "; ".join(cells))
+    print(f"{url.partition('://')[0]} paired, {blocks} blocks: " + "; ".join(cells), flush=True)
 
 
 def _measure(mode: str, url: str, seconds: float) -> tuple[float, ...]:

@@ -160,7 +160,7 @@ async def test_cycle_records_every_lease_instrument_and_both_spans(otel: Telemet
     _no_name_in_metrics(otel)
 
 
-async def test_acquire_span_is_current_inside_the_callers_span(otel: Telemetry) -> None:
+async def test_acquire_span_is_a_child_of_the_callers_span(otel: Telemetry) -> None:
     Delta(otel)
     tracer = trace.get_tracer("test")
     async with aiolock.connect(url()) as locks:
@@ -169,6 +169,39 @@ async def test_acquire_span_is_current_inside_the_callers_span(otel: Telemetry) 
                 pass
     (acq,) = otel.spans("aiolock.acquire")
     assert acq.parent is not None and acq.parent.span_id == parent.get_span_context().span_id
+
+
+def _of_token(spans: list[ReadableSpan], token: int) -> list[ReadableSpan]:
+    return [s for s in spans if (s.attributes or {}).get("aiolock.token") == token]
+
+
+async def test_spans_cover_the_wait_and_are_exported_when_the_call_returns(otel: Telemetry) -> None:
+    """A span's start is handed to the SDK later (while the request is out), but with the
+    time the call began, and it is ended before the call returns: an acquire that waited
+    0.2 s behind a holder has a span of >= 0.2 s in the exporter the moment it returns,
+    and so does its release; neither is left current."""
+    Delta(otel)
+    async with aiolock.connect(url()) as locks:
+        lock = locks.lock(NAME)
+        held = asyncio.Event()
+
+        async def hold() -> None:
+            async with lock:
+                held.set()
+                await asyncio.sleep(0.2)
+
+        releasing = asyncio.create_task(hold())
+        await held.wait()
+        before = trace.get_current_span()
+        lease = await lock.acquire(timeout=5)
+        assert trace.get_current_span() is before
+        (span,) = _of_token(otel.spans("aiolock.acquire"), lease.token)
+        assert span.end_time is not None and span.start_time is not None
+        assert (span.end_time - span.start_time) / 1e9 >= 0.19
+        await lease.release()
+        assert len(_of_token(otel.spans("aiolock.release"), lease.token)) == 1
+        assert trace.get_current_span() is before
+        await releasing
 
 
 async def test_kinds(otel: Telemetry) -> None:
@@ -459,6 +492,11 @@ async def test_no_point_lost_or_doubled_while_another_thread_collects(otel: Tele
     assert d.get("aiolock.acquire.duration", outcome="granted") == tasks * cycles
     assert d.get("aiolock.hold.duration") == tasks * cycles
     assert d.get("aiolock.leases.held") == 0
+    # spans start in the same flushes, racing the ends on the loop's thread: each once
+    for name in ("aiolock.acquire", "aiolock.release"):
+        spans = otel.spans(name)
+        assert len(spans) == tasks * cycles, name
+        assert len({s.context.span_id for s in spans if s.context}) == tasks * cycles, name
 
 
 async def test_the_acquire_points_exemplar_is_its_span(otel: Telemetry) -> None:
