@@ -228,14 +228,16 @@ def _nop(*args: object) -> None:
     return None
 
 
-PAIRED = ("off", "metrics", "traces", "inline")
+PAIRED = ("off", "metrics", "sampled", "traces", "inline")
 
 
 def _paired(url: str, blocks: int) -> None:
     """``--paired``: in this one process, with the SDK's metrics and traces configured
     (every span sampled, a ``BatchSpanProcessor`` whose exporter drops them), blocks of
     100 cycles with telemetry off, with metrics only (``metrics``), with metrics and
-    traces (``traces``), and with both but the SDK's work done inside acquire/release
+    traces sampled at 1 % (``sampled``: ``ParentBased(TraceIdRatioBased(0.01))``, a
+    tracer of a second provider), with metrics and every trace (``traces``), and with
+    both but the SDK's work done inside acquire/release
     (``inline``: what it costs without aiolock's deferral), the order rotated block by
     block; prints the median of each block's cost against the
     ``off`` block next to it (what drifts between blocks cancels: the steadiest figure
@@ -251,9 +253,13 @@ def _paired(url: str, blocks: int) -> None:
             return SpanExportResult.SUCCESS
 
     metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Drop()))
     trace.set_tracer_provider(provider)
+    sampling = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01)))
+    sampling.add_span_processor(BatchSpanProcessor(Drop()))
     import aiolock
     from aiolock import _telemetry
 
@@ -263,8 +269,10 @@ def _paired(url: str, blocks: int) -> None:
             for _ in range(200):
                 async with lock:
                     pass
-            assert _telemetry._get() is not None
+            otel = _telemetry._get()
+            assert otel is not None
             (mm, tm), limit = (_telemetry._mm, _telemetry._tm), _telemetry.MAX_PENDING
+            full, sampled = otel.tracer, sampling.get_tracer(_telemetry.SCOPE)
             out: dict[str, list[tuple[float, float]]] = {name: [] for name in PAIRED}
             for i in range(blocks):
                 k = i % len(PAIRED)
@@ -273,6 +281,7 @@ def _paired(url: str, blocks: int) -> None:
                     _telemetry._mm = _telemetry._Off if name == "off" else mm
                     _telemetry._tm = _telemetry._Off if name in ("off", "metrics") else tm
                     _telemetry.MAX_PENDING = 0 if name == "inline" else limit
+                    otel.tracer = sampled if name == "sampled" else full
                     start, cpu = time.perf_counter(), time.process_time()
                     for _ in range(100):
                         async with lock:
@@ -281,10 +290,12 @@ def _paired(url: str, blocks: int) -> None:
                     out[name].append((time.perf_counter() - start, time.process_time() - cpu))
             _telemetry._mm, _telemetry._tm = mm, tm
             _telemetry.MAX_PENDING = limit
+            otel.tracer = full
             return out
 
     out = asyncio.run(run())
     provider.shutdown()
+    sampling.shutdown()
     per_cycle = statistics.median(w for w, _ in out["off"]) / 100 * 1e6
     cells = [f"off {per_cycle:.0f} us/cycle"]
     for name in PAIRED[1:]:
