@@ -928,19 +928,7 @@ async def test_connection_closed_while_registered_strands_nothing(server: Any, n
     assert took < 0.5, f"next waiter served {took:.2f}s after the release"
 
 
-_CLOSE_HANG = (
-    "a waiter whose connection is closed (aclose) a few ms into its acquire() (while it "
-    "subscribes: the traceback ends in aiolock/backends/_redis_pubsub.py awaiting the "
-    "subscription's confirmation) stays blocked for request_timeout (5.0 s), once 8+ s with "
-    "acquire(timeout=15), before it ends with LockError; most closes end it at once")
-
-
-@pytest.mark.parametrize("path", [
-    pytest.param("txn", marks=pytest.mark.xfail(strict=False, reason=(
-        _CLOSE_HANG + "; transaction path: failed 5 of 5 runs (1-3 of 12 closes hung)"))),
-    pytest.param("lua", marks=pytest.mark.xfail(strict=False, reason=(
-        _CLOSE_HANG + "; Lua path: failed 4 of 8 runs"))),
-])
+@pytest.mark.parametrize("path", ["txn", "lua"])
 async def test_waiter_ends_soon_after_its_connection_closed(server: Any, name: str,
                                                             path: str) -> None:
     """A waiter whose connection is closed (aclose) at a random moment of its first steps

@@ -13,6 +13,7 @@ import logging
 import random
 import socket
 import time
+import traceback
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -319,6 +320,38 @@ async def test_close_releases_held_leases(backend_url: str, name: str) -> None:
     async with aiolock.connect(backend_url) as other:
         assert not await other.lock(name).locked()
     assert lease.released and not lease.lost
+
+
+async def test_close_ends_this_connections_waiters_soon(
+    locks: aiolock.Locks, backend_url: str, name: str
+) -> None:
+    """aclose() at a random moment of its waiters' first steps (reading, queueing,
+    subscribing or watching) ends each of them within a second with a LockError, not
+    after a request timeout or their own timeout (15 s); the holder keeps the lock."""
+    rnd = random.Random(name)
+    holder = await locks.lock(name, ttl=30).acquire(timeout=5)
+    try:
+        for attempt in range(6):
+            doomed = aiolock.connect(backend_url)
+            await doomed.status(name)  # connected
+            waiters = [asyncio.create_task(doomed.lock(name, ttl=30).acquire(timeout=15))
+                       for _ in range(3)]
+            await asyncio.sleep(rnd.uniform(0, 0.01))
+            await doomed.aclose()
+            started = time.monotonic()
+            done, pending = await asyncio.wait(waiters, timeout=5)
+            took = time.monotonic() - started
+            for task in pending:
+                task.cancel()
+            assert not pending, f"attempt {attempt}: {len(pending)} waiters still waiting 5 s after aclose()"
+            assert took < 1.0, f"attempt {attempt}: waiters ended {took:.2f} s after aclose()"
+            for task in done:
+                error = task.exception()
+                assert isinstance(error, aiolock.LockError), "".join(
+                    traceback.format_exception(error) if error else [f"{task} returned"])
+        assert not holder.lost and not holder.released and await locks.lock(name).locked()
+    finally:
+        await holder.release()
 
 
 async def test_fair_is_first_come_first_served(locks: aiolock.Locks, name: str) -> None:

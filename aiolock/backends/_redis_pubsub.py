@@ -82,6 +82,8 @@ class Signals:
         else:
             self._inboxes.add(via)
             channel = via
+        if self._closed:  # aclose() ran: nothing would confirm it (the caller's next
+            return        # request fails at once: the connection is closed)
         confirmed = self._confirmed.get(channel)
         if confirmed is None:
             confirmed = self._confirmed[channel] = asyncio.get_running_loop().create_future()
@@ -302,6 +304,11 @@ class Signals:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        # nothing confirms a subscription any more: its listeners go on at once (to a
+        # request that fails, the connection being closed), not after request_timeout
+        for fut in self._confirmed.values():
+            if not fut.done():
+                fut.set_result(None)
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             with contextlib.suppress(Exception):

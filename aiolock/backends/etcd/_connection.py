@@ -169,14 +169,27 @@ class Connection:
         """One request; logs in again once if the server forgot our token."""
         call = getattr(self.stubs[service], method)
         try:
-            return await own_cancel(call(request, metadata=self.metadata, timeout=self.request_timeout))
+            with self._closing():
+                return await own_cancel(call(request, metadata=self.metadata, timeout=self.request_timeout))
         except grpc.aio.AioRpcError as exc:
             if not (self.username and exc.code() == grpc.StatusCode.UNAUTHENTICATED
                     and "invalid auth token" in (exc.details() or "")):
                 raise self.error(exc, what) from None
         await self.authenticate()
-        with self.errors(what):
+        with self.errors(what), self._closing():
             return await own_cancel(call(request, metadata=self.metadata, timeout=self.request_timeout))
+
+    @contextlib.contextmanager
+    def _closing(self) -> Iterator[None]:
+        """A call the closing channel cancelled (grpc.aio raises CancelledError in the
+        caller, who was not cancelled) is a LockError: this connection was closed."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self.closed and (task is None or not task.cancelling()):
+                raise LockError(f"this connection to {self.url} was closed") from None
+            raise
 
     @contextlib.asynccontextmanager
     async def bounded(self, what: str) -> AsyncIterator[None]:

@@ -231,7 +231,14 @@ class LeaseSession:
             if task is None:
                 task = self._granting[ttl_s] = asyncio.get_running_loop().create_task(self._grant(ttl_s))
                 task.add_done_callback(self._granted)
-            lease = await asyncio.shield(task)
+            try:
+                lease = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                me = asyncio.current_task()
+                if task.cancelled() and (me is None or not me.cancelling()):
+                    # the grant was cancelled, not this task: aclose() ran meanwhile
+                    raise LockError(f"this connection to {self._conn.url} was closed") from None
+                raise
             if not lease.lost:
                 return lease
         raise BackendUnavailable(f"etcd at {self._conn.url}: a new lease was lost at once")

@@ -111,9 +111,13 @@ class _Io(Backend):
     async def connect(self) -> None:
         await self._ready()
 
-    async def _ready(self) -> None:
+    def _open(self) -> None:
+        """Raise LockError once :meth:`aclose` ran."""
         if self._closed:
             raise LockError(f"this connection to {self.url} is closed")
+
+    async def _ready(self) -> None:
+        self._open()
         if self._started:
             return
         async with self._start_lock:
@@ -309,10 +313,12 @@ class _Io(Backend):
         if sent is None:
             sent = self._send_now(request)
             if sent is None:
+                self._open()
                 return await session.send(request)
         try:
             zxid, response = await sent
         except zkexc.ConnectError:
+            self._open()  # aclose() dropped it: no reconnect is coming
             return await session.send(request)
         session.last_zxid = zxid
         session.set_heartbeat()
