@@ -23,15 +23,17 @@ pays:
   per span (``benchmarks/bench_otel.py`` times it).
 
 Metric points, and the start of spans, are handed to the SDK off the lock's path
-(:func:`_defer`): a callback two turns of the event loop later takes them (after the
-callbacks queued with them, among them a backend's connection task sending the next
-request), which on a network backend is while that request is on the wire, so the SDK's
-several microseconds per point and a dozen per span start (its sampler, ids, attribute
-checks and hashing) do not delay the lock (measured: an uncontended PostgreSQL cycle lost
-10 % of its wall time recording inline, 12 % one turn later, 2-3 % two turns later); and
-every collection takes the ones still waiting first (the observers of the asynchronous
-counters run before the SDK reads its aggregations), so a reader never misses a point
-that was made before it collected. A span is ended on the path (:class:`_Span`), so it
+(:func:`_defer`): a callback takes them once the event loop has nothing else ready to run
+(:func:`_hop`; at most :data:`MAX_HOPS` turns later), which on a network backend is
+after the next request went out (a backend's connection task, PostgreSQL's, sends it in
+a callback of its own) and while it is on the wire, so the SDK's several microseconds per
+point and a dozen per span start (its sampler, ids, attribute checks and hashing) do not
+delay the lock (measured: an uncontended PostgreSQL cycle lost 10 % of its wall time
+recording inline, 12 % one turn later, 2-3 % two turns later; a fixed two turns cost two
+extra passes of the loop, each a poll of its selector, where one does); and every
+collection takes the ones still waiting first (the observers of the asynchronous counters
+run before the SDK reads its aggregations), so a reader never misses a point that was
+made before it collected. A span is ended on the path (:class:`_Span`), so it
 is exported when the call returns; it is never the current span (client spans made
 while acquiring are its siblings), and the points made within it are recorded in its
 context (exemplars point to it).
@@ -331,8 +333,8 @@ if hasattr(os, "register_at_fork"):
 
 
 def _point(otel: _OTel, record: Callable[..., None], value: float, attributes: dict[str, str]) -> None:
-    """Hand one measurement to the SDK soon: two turns of this event loop later, or at
-    the next collection if that comes first; at once outside an event loop."""
+    """Hand one measurement to the SDK soon: once this event loop has nothing else to
+    run, or at the next collection if that comes first; at once outside an event loop."""
     span = _in_span.get()
     if span is not None:  # made while releasing: in the release span's context
         _defer((_record_in, record, value, attributes, span))
@@ -352,11 +354,21 @@ def _defer(item: tuple[Any, ...]) -> None:
         loop.call_soon(_hop, loop)
 
 
-def _hop(loop: asyncio.AbstractEventLoop) -> None:
-    """The turn after a point was made: let what that turn queued run first (a backend
-    whose requests go out from a connection task of its own, PostgreSQL's, sends them
-    in the callbacks queued with this one), then flush."""
-    loop.call_soon(_turn)
+def _hop(loop: asyncio.AbstractEventLoop, hops: int = 1) -> None:
+    """A turn after a point was made: while the loop has other callbacks ready (a
+    backend's connection task about to send the next request, the caller going on to
+    make it), let them run first, for at most :data:`MAX_HOPS` turns; then flush, the
+    loop having nothing left to do but wait (each turn that had nothing else to run is an
+    extra pass of the loop: a poll of its selector, a few microseconds)."""
+    ready = getattr(loop, "_ready", None)  # asyncio's own loops' queue; others: two turns
+    if (len(ready) if ready is not None else hops < 2) and hops < MAX_HOPS:
+        loop.call_soon(_hop, loop, hops + 1)
+    else:
+        _turn()
+
+
+#: At most this many turns of the loop between a point and its flush.
+MAX_HOPS = 16
 
 
 def _turn() -> None:

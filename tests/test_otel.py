@@ -436,25 +436,53 @@ async def test_duration_buckets_are_made_for_seconds(otel: Telemetry) -> None:
 # -- points are handed to the SDK off the lock's path, and never lost ---------------------
 
 
-async def test_points_wait_for_the_loops_next_turn_or_a_collection(otel: Telemetry) -> None:
+async def test_points_wait_for_the_loop_to_idle_or_a_collection(otel: Telemetry) -> None:
     """A point is not recorded inside acquire()/release() (the SDK's per-point work would
-    delay the lock) but two turns of the loop later; a collection made before still
-    sees it (the observers flush first)."""
+    delay the lock) but once the loop has nothing else ready to run; a collection made
+    before still sees it (the observers flush first)."""
     d = Delta(otel)
     async with aiolock.connect(url()) as locks:
         lock = locks.lock(NAME)
         lease = await lock.acquire()
         assert len(_telemetry._pending) >= 1  # the acquire point, not yet the SDK's
         await asyncio.sleep(0)
-        assert _telemetry._pending  # a turn later: what that turn queued runs first
-        await asyncio.sleep(0)
-        assert not _telemetry._pending  # handed over
+        assert _telemetry._pending  # this task was ready to run again: it goes first
+        await asyncio.sleep(0.001)
+        assert not _telemetry._pending  # the loop idled: handed over
         await lease.release()
         assert _telemetry._pending  # the hold point
         # no turn of the loop since: the collection itself takes it
         assert d.get("aiolock.hold.duration", backend="memory", kind="lock") == 1
         assert d.get("aiolock.acquire.duration", outcome="granted") == 1
         assert not _telemetry._pending
+
+
+async def test_a_loop_never_idle_hands_points_over_within_max_hops_turns(otel: Telemetry) -> None:
+    """Tasks that keep the loop busy (always another callback ready) delay the hand-over
+    by at most MAX_HOPS turns, then it happens anyway."""
+    Delta(otel)
+    stop = False
+
+    async def spin() -> None:
+        while not stop:
+            await asyncio.sleep(0)
+
+    spinner = asyncio.create_task(spin())
+    try:
+        async with aiolock.connect(url()) as locks:
+            await asyncio.sleep(0)
+            lease = await locks.lock(NAME).acquire()
+            assert _telemetry._pending
+            turns = 0
+            while _telemetry._pending:
+                await asyncio.sleep(0)
+                turns += 1
+                assert turns <= _telemetry.MAX_HOPS + 1, "never handed over"
+            assert turns >= 2, turns  # it did wait while the loop was busy
+            await lease.release()
+    finally:
+        stop = True
+        await spinner
 
 
 async def test_no_point_lost_or_doubled_while_another_thread_collects(otel: Telemetry) -> None:
@@ -611,8 +639,7 @@ async def test_a_point_the_sdk_refuses_is_logged_once_and_the_lock_goes_on(
             for _ in range(5):
                 async with locks.lock(NAME):
                     pass
-                for _ in range(2):  # the points' turn
-                    await asyncio.sleep(0)
+                await asyncio.sleep(0.001)  # the loop idles: the points' turn
     warnings = [r for r in caplog.records if r.name == "aiolock.telemetry"]
     assert len(warnings) == 1 and warnings[0].exc_info is not None
     assert _telemetry._refusals == 5
