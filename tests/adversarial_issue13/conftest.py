@@ -12,7 +12,9 @@ cumulatively (their current value).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -192,3 +194,44 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in known_defects(items, "adversarial_issue13", KNOWN_DEFECTS):
         if slow_but(item, "test_waiters.py", WAITERS_DEFAULT):
             item.add_marker(pytest.mark.slow)
+
+
+# ---------------------------------------------------------------- a backend, a child process
+
+
+@pytest.fixture(params=["memory", "redis"])
+def url(request: pytest.FixtureRequest) -> str:
+    """Each test on ``memory://`` and on the session's private redis-server."""
+    if request.param == "memory":
+        return "memory://"
+    return str(request.getfixturevalue("redis_server").url)
+
+
+@pytest.fixture
+async def locks(url: str) -> AsyncIterator[Any]:
+    import aiolock
+
+    async with aiolock.connect(url) as conn:
+        yield conn
+
+
+def child_result(code: str, *args: str, timeout: float, unset: tuple[str, ...] = (),
+                 forbidden: tuple[str, ...] = ("Traceback", "Exception in callback")) -> dict[str, Any]:
+    """Run ``code`` in a child Python (this checkout's aiolock on its path, without the
+    environment variables ``unset``) and return the JSON of its last ``RESULT`` line; it
+    must exit 0 with none of ``forbidden`` on its stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "AIOLOCK_URL" and k not in unset}
+    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONWARNINGS"] = "ignore"
+    try:
+        ran = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"child did not finish in {timeout}s: {exc.stderr!r}") from None
+    lines = [ln for ln in ran.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert ran.returncode == 0 and lines, (
+        f"child exited {ran.returncode}\nstdout: {ran.stdout[-3000:]}\nstderr: {ran.stderr[-3000:]}")
+    for bad in forbidden:
+        assert bad not in ran.stderr, f"the child's stderr shows {bad!r}:\n{ran.stderr[-3000:]}"
+    result: dict[str, Any] = json.loads(lines[-1][len("RESULT "):])
+    return result

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import traceback
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -57,18 +57,6 @@ def capture(level: int = logging.DEBUG) -> Iterator[Capture]:
         root.setLevel(old_root)
         logging.getLogger("aiolock").setLevel(old_pkg)
 
-
-@pytest.fixture(params=["memory", "redis"])
-def url(request: pytest.FixtureRequest) -> str:
-    if request.param == "memory":
-        return "memory://"
-    return str(request.getfixturevalue("redis_server").url)
-
-
-@pytest.fixture
-async def locks(url: str) -> AsyncIterator[aiolock.Locks]:
-    async with aiolock.connect(url) as conn:
-        yield conn
 
 
 def fresh() -> str:

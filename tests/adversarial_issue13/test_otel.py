@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -25,19 +24,6 @@ UNITS = {
     "aiolock.leases.lost": ("counter", "{lease}"),
 }
 
-
-@pytest.fixture(params=["memory", "redis"])
-def url(request: pytest.FixtureRequest) -> str:
-    if request.param == "memory":
-        return "memory://"
-    server = request.getfixturevalue("redis_server")
-    return str(server.url)
-
-
-@pytest.fixture
-async def locks(url: str) -> AsyncIterator[aiolock.Locks]:
-    async with aiolock.connect(url) as conn:
-        yield conn
 
 
 def scheme(url: str) -> str:

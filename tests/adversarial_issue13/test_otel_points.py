@@ -14,15 +14,10 @@ is blocked, at the provider's shutdown after the loop was closed, at process exi
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from .conftest import ROOT, child_result
 
 #: the code every child runs first: the SDK's pieces and a ``Tally`` of collections
 PRELUDE = r'''
@@ -179,23 +174,9 @@ def emit(**result):
 def run_child(body: str, *, timeout: float = 25.0) -> dict[str, Any]:
     """Run PRELUDE + ``body`` in a child Python (the worktree's aiolock on its path) and
     return the JSON of its ``RESULT`` line."""
-    env = {k: v for k, v in os.environ.items() if k != "AIOLOCK_URL"}
-    env["PYTHONPATH"] = str(ROOT)
-    env.pop("OTEL_METRICS_EXEMPLAR_FILTER", None)
-    env["PYTHONWARNINGS"] = "ignore"
-    code = PRELUDE + "\n" + textwrap.dedent(body)
-    try:
-        ran = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"child did not finish in {timeout}s: {exc.stderr!r}") from None
-    lines = [ln for ln in ran.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert ran.returncode == 0 and lines, (
-        f"child exited {ran.returncode}\nstdout: {ran.stdout[-3000:]}\nstderr: {ran.stderr[-3000:]}")
-    for bad in ("Traceback", "Exception in callback", "Non-thread-safe"):
-        assert bad not in ran.stderr, f"the child's stderr shows {bad!r}:\n{ran.stderr[-3000:]}"
-    result: dict[str, Any] = json.loads(lines[-1][len("RESULT "):])
-    return result
+    return child_result(PRELUDE + "\n" + textwrap.dedent(body), timeout=timeout,
+                        unset=("OTEL_METRICS_EXEMPLAR_FILTER",),
+                        forbidden=("Traceback", "Exception in callback", "Non-thread-safe"))
 
 
 def c(snapshot: dict[str, Any], key: str) -> float:

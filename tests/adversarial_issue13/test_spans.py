@@ -18,16 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import random
-import subprocess
-import sys
 import textwrap
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -35,23 +30,11 @@ import pytest
 import aiolock
 
 from ..servers import RedisServer, free_port
-from .conftest import ROOT, Telemetry
+from .conftest import Telemetry, child_result
 
 #: slack (ns) between aiolock's clock and ``time.time_ns()`` read around the call
 SLACK = 20_000_000
 
-
-@pytest.fixture(params=["memory", "redis"])
-def url(request: pytest.FixtureRequest) -> str:
-    if request.param == "memory":
-        return "memory://"
-    return str(request.getfixturevalue("redis_server").url)
-
-
-@pytest.fixture
-async def locks(url: str) -> AsyncIterator[aiolock.Locks]:
-    async with aiolock.connect(url) as conn:
-        yield conn
 
 
 def fresh() -> str:
@@ -704,24 +687,9 @@ def emit(**result):
 
 
 def run_child(body: str, *args: str, timeout: float = 25.0) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k != "AIOLOCK_URL"}
-    env["PYTHONPATH"] = str(ROOT)
-    env["PYTHONWARNINGS"] = "ignore"
-    env.pop("OTEL_METRICS_EXEMPLAR_FILTER", None)
-    env.pop("OTEL_TRACES_SAMPLER", None)
-    code = PRELUDE + "\n" + textwrap.dedent(body)
-    try:
-        ran = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"child did not finish in {timeout}s: {exc.stderr!r}") from None
-    lines = [ln for ln in ran.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert ran.returncode == 0 and lines, (
-        f"child exited {ran.returncode}\nstdout: {ran.stdout[-3000:]}\nstderr: {ran.stderr[-3000:]}")
-    for bad in ("Traceback", "Exception in callback", "Task was destroyed"):
-        assert bad not in ran.stderr, f"the child's stderr shows {bad!r}:\n{ran.stderr[-3000:]}"
-    result: dict[str, Any] = json.loads(lines[-1][len("RESULT "):])
-    return result
+    return child_result(PRELUDE + "\n" + textwrap.dedent(body), *args, timeout=timeout,
+                        unset=("OTEL_METRICS_EXEMPLAR_FILTER", "OTEL_TRACES_SAMPLER"),
+                        forbidden=("Traceback", "Exception in callback", "Task was destroyed"))
 
 
 def test_parent_based_sampler_unsampled_parent_exports_nothing_lock_still_works(
