@@ -664,8 +664,11 @@ def desc(s):
 
 
 def exemplars(rd):
+    return exemplars_of(rd.get_metrics_data())
+
+
+def exemplars_of(data):
     out = {}
-    data = rd.get_metrics_data()
     for rm in (data.resource_metrics if data else ()):
         for sm in rm.scope_metrics:
             for m in sm.metrics:
@@ -1117,17 +1120,7 @@ def test_ratio_sampled_roots_exemplars_match_exported_spans_exactly() -> None:
                         counts[m.name] = sum(dp.count for dp in m.data.data_points)
         out["counts"] = counts
         # the exemplars of that same collection
-        ex = {}
-        for rm in data.resource_metrics:
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    if isinstance(m.data, HistogramData):
-                        for dp in m.data.data_points:
-                            for e in dp.exemplars or ():
-                                ex.setdefault(m.name, []).append(
-                                    [format(e.trace_id or 0, "032x"), format(e.span_id or 0, "016x"),
-                                     dict(dp.attributes).get("aiolock.outcome")])
-        out["exemplars"] = ex
+        out["exemplars"] = exemplars_of(data)
         out["spans"] = [desc(s) for s in exp.get_finished_spans()]
         emit(**out)
     ''')
