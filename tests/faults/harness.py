@@ -274,7 +274,7 @@ class BackendRun:
         if self.spec.connection_per_hold:
             hold_options["max_connections"] = at_once + 20
         holds = self._probe(["holds", *common, "--options", json.dumps(hold_options),
-                             "--ttl", str(cfg.hold_ttl), "--count", str(total),
+                             "--ttl", str(max(cfg.hold_ttl, self.spec.min_hold_ttl)), "--count", str(total),
                              "--concurrency", str(at_once), "--prefix", "holds",
                              "--burst", str(self.spec.burst)])
         a, b = await asyncio.gather(probe, holds)
