@@ -167,6 +167,7 @@ class _Engine:
     async def inspect(self, name: str, kind: Kind) -> LockInfo:
         """The backend's ``inspect``, made again while it shows a grant in progress (see
         ``_settle``)."""
+        self.check_open()
         holders = Capability.HOLDERS in self.backend.capabilities
         return await settled(lambda: self.backend.inspect(name, kind),
                              lambda info: in_progress(info, holders))

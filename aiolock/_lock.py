@@ -99,6 +99,7 @@ class Lock:
 
     async def locked(self) -> bool:
         """Whether anyone (any process) holds it now."""
+        self._engine.check_open()
         return (await self._engine.backend.inspect(self.name, self.kind)).held
 
     @_telemetry.acquire_span
@@ -166,6 +167,7 @@ class Lock:
         finds its lease ``lost`` at its next renewal (within ``ttl/3``) and its ``async
         with`` body is cancelled as usual; tokens keep increasing. True if any was held."""
         self._engine.need(Capability.REVOKE, "force_release()")
+        self._engine.check_open()
         return await self._engine.backend.force_release(self.name, self.kind)
 
     def __call__(self, func: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
