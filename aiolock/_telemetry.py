@@ -413,7 +413,7 @@ def _record_in(record: Callable[..., None], value: float, attributes: dict[str, 
     """Record a point made while ``span`` was open, in that span's context (exemplars)."""
     if not span.otel.with_context:
         record(value, attributes)
-    elif span.span is None:  # the SDK refused to start it
+    elif span.span is None or span.span is _REFUSED:  # not started: the SDK refused it
         record(value, attributes, span.parent)
     else:
         record(value, attributes, span.otel.in_context(span.span, span.parent))
