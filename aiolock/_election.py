@@ -116,9 +116,16 @@ class Election:
         """The current leader (or None) first, then every change: a new leader, new
         data, or None when the leadership falls vacant. Under churn it may skip states,
         but after changes stop its last value is the current state within one ``ttl``."""
-        backend = self._engine.backend
+        engine = self._engine
+        engine.check_open()
+        backend = engine.backend
         waiter = LocalWaiter(Claim(self.name, Kind.LEADER, f"observer-{uuid.uuid4().hex}", 0))
-        await backend.listen(self.name, Kind.LEADER, waiter)
+        engine.observers.add(waiter)  # aclose() wakes it: its next leader() raises
+        try:
+            await backend.listen(self.name, Kind.LEADER, waiter)
+        except BaseException:
+            engine.observers.discard(waiter)
+            raise
         try:
             seen: object = object()
             while True:
@@ -129,4 +136,5 @@ class Election:
                     yield current
                 await waiter.wait(self.ttl / 2)
         finally:
+            engine.observers.discard(waiter)
             backend.unlisten(self.name, Kind.LEADER, waiter)

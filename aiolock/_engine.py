@@ -15,7 +15,9 @@ State, keyed by ``(kind.family, name)``:
   hold is live) and is dropped by :meth:`_Engine.tidy` after that.
 * ``_owned[key][task]``: the hold ``task`` owns (exclusive kinds and readers; permits
   belong to no task), for reentrancy; always one of ``_locals[key].holds``.
-* ``_acquiring[claim]``: every ``acquire()`` in flight, with its waiter once it waits.
+* ``_acquiring[claim]``: every ``acquire()`` in flight, with its waiter once it waits;
+  closing wakes them and waits for them to end, each abandoning its claim after its
+  last attempt (an abandon made while an attempt is in flight may land before it).
 
 Local waiters the server cannot see: a task queued behind another of this process
 (``_Local.unseen``) asks nothing of the server until it heads the queue -- and while
@@ -36,6 +38,7 @@ from typing import Any, TypeVar
 from ._holder import with_waiting
 from ._lease import _Hold
 from ._settle import in_progress, settled
+from ._waiter import LocalWaiter
 from ._watchdog import Watchdog
 from .abc import FAMILY_KIND, Backend, Capability, Claim, Kind, LockInfo
 from .errors import BackendUnavailable, LockError
@@ -141,12 +144,15 @@ class _Engine:
         self._owned: dict[_Key, dict[asyncio.Task[Any], _Hold]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         #: acquisitions in progress (claim -> its waiter, None before it waits): closing
-        #: abandons each claim on the server (fair-queue and writer places included)
-        #: before the backend closes, then wakes the waiter to fail
+        #: wakes each waiter to fail and waits for them all to end, each abandoning its
+        #: claim on the server (fair-queue and writer places included) on its way out
         self._acquiring: dict[Claim, Any] = {}
-        self._abandoned_at_close: set[Claim] = set()
+        self._drain: asyncio.Event | None = None  # set once the acquisitions ended, closing
         #: names whose unseen local waiters' count is due to be written (see the module doc)
         self._waiting_due: set[_Key] = set()
+        #: the waiters of ``Election.observe()`` iterations: closing wakes them, so each
+        #: ends at once (its next read raises) whatever its backend does with listeners
+        self.observers: set[LocalWaiter] = set()
 
     # -- checks ---------------------------------------------------------------------------
 
@@ -211,14 +217,13 @@ class _Engine:
         """``claim`` is being acquired (and waits with ``waiter``, if given)."""
         self._acquiring[claim] = waiter
 
-    def acquired(self, claim: Claim) -> None:
-        """``claim``'s acquire() ended, granted or not."""
-        self._acquiring.pop(claim, None)
+    def drained(self) -> None:
+        """The last acquire() in flight at the close ended (``aclose()`` waits for it)."""
+        if self._drain is not None:
+            self._drain.set()
 
     async def abandon(self, claim: Claim) -> None:
         """Best-effort: drop ``claim`` on the server (released, dequeued, barred)."""
-        if claim in self._abandoned_at_close:
-            return  # closing abandoned it already (the backend may be gone now)
         try:
             await self.backend.abandon(claim)
         except Exception as exc:
@@ -387,20 +392,25 @@ class _Engine:
         """Abandon the acquisitions in flight, release every hold, stop the watchdog and
         wait (boundedly) for the background tasks; the backend stays open."""
         self.closed = True
-        acquiring = list(self._acquiring.items())
+        for observer in list(self.observers):
+            observer.wake()
+        acquiring = list(self._acquiring.values())
         if acquiring:
-            try:
-                async with asyncio.timeout(CLOSE_TIMEOUT):
-                    await asyncio.gather(
-                        *(self.abandon(claim) for claim, _ in acquiring), return_exceptions=True
-                    )
-            except TimeoutError:
-                log.warning("closing: %d waiting claim(s) not confirmed abandoned; they lapse "
-                            "by their ttl", len(acquiring))
-            self._abandoned_at_close.update(claim for claim, _ in acquiring)
-            for _, waiter in acquiring:
+            # Each acquisition in flight ends (a waiter woken now, an attempt in flight
+            # once answered -- bounded by the request timeout) and abandons its claim on
+            # its way out (Lock._drop, Lock._grant), in a task the wait below covers:
+            # after its last attempt, so a grant or a place in the server's queue that
+            # this attempt made goes too. The backend is still open meanwhile.
+            for waiter in acquiring:
                 if waiter is not None:
                     waiter.wake()
+            if self._acquiring:
+                self._drain = asyncio.Event()
+                try:
+                    await asyncio.wait_for(self._drain.wait(), CLOSE_TIMEOUT)
+                except TimeoutError:
+                    log.warning("closing: %d acquisition(s) still running; their claims lapse "
+                                "by their ttl", len(self._acquiring))
         holds = [h for local in self._locals.values() for h in local.holds]
         if holds:
             releases = [self.backend.release(h.claim) for h in holds]

@@ -129,7 +129,7 @@ class Lock:
         deadline = None if wait is None else time.monotonic() + wait
         local = engine.local(self._key)
         local.users += 1
-        acquiring = engine._acquiring  # engine.acquiring() / acquired(), inline (hot path)
+        acquiring = engine._acquiring  # engine.acquiring(), inline (hot path)
         acquiring[claim] = None
         queued = False  # a busy attempt may have left the claim waiting on the server
         try:
@@ -159,6 +159,8 @@ class Lock:
             return await self._wait(claim, deadline, local, task, wait, queued)
         finally:
             acquiring.pop(claim, None)
+            if not acquiring and engine.closed:
+                engine.drained()  # the close waits for the acquisitions in flight
             local.users -= 1
             engine.tidy(self._key)
 
@@ -220,7 +222,7 @@ class Lock:
     ) -> Lease:
         # granted.ttl_ms may be less than asked (a repeated request): it bounds this
         # expiry only; renewals keep asking for the claim's own ttl
-        if self._engine.closed:
+        if self._engine.closed:  # granted after the close abandoned it: release it now
             self._engine.spawn(self._engine.abandon(claim))
             raise LockError(f"this connection to {self._engine.backend.url} was closed")
         hold = _Hold(
@@ -284,7 +286,6 @@ class Lock:
         wait: float | None, queued: bool,
     ) -> Lease:
         engine = self._engine
-        engine.check_open()
         backend = engine.backend
         waiter = LocalWaiter(claim)
         engine.acquiring(claim, waiter)
@@ -294,6 +295,7 @@ class Lock:
         # queued: the claim may wait on the server (any busy attempt may register it, and
         # the server may then hand it the lock): abandon it on failure
         try:
+            engine.check_open()  # (in the try: closed after the fast path queued it)
             if wait == 0:  # one try, nothing to wait for (a fair claim may reach here)
                 queued = self.fair or self.kind is Kind.WRITE
                 if self.kind in backend.waiting_counted:

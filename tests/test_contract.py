@@ -354,6 +354,89 @@ async def test_close_ends_this_connections_waiters_soon(
         await holder.release()
 
 
+async def test_close_while_connecting_ends_the_calls_at_once(backend_url: str, name: str) -> None:
+    """aclose() after 0, 2, 4... loop steps of a fresh connection's first calls (the
+    connect itself in flight): each call ends within a second of the close with a
+    result or a LockError -- ZooKeeper's waited for its connect timeout, etcd's raised
+    grpc's UsageError -- and nothing stays held."""
+    for steps in range(0, 24, 2):
+        doomed = aiolock.connect(backend_url)
+        calls = [asyncio.create_task(doomed.status(name)),
+                 asyncio.create_task(doomed.lock(name, ttl=30).acquire(timeout=5)),
+                 asyncio.create_task(doomed.lock(f"{name}-b", ttl=30).locked())]
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        await asyncio.wait_for(doomed.aclose(), 10)
+        started = time.monotonic()
+        done, pending = await asyncio.wait(calls, timeout=5)
+        took = time.monotonic() - started
+        for task in pending:
+            task.cancel()
+        assert not pending, f"after {steps} steps: {len(pending)} calls still running 5 s after aclose()"
+        assert took < 1.0, f"after {steps} steps: the calls ended {took:.2f} s after aclose()"
+        for task in done:
+            error = task.exception()
+            assert error is None or isinstance(error, aiolock.LockError), "".join(
+                traceback.format_exception(error))
+            if error is None and isinstance(task.result(), aiolock.Lease):
+                assert task.result().released, f"after {steps} steps: a lease outlived the close"
+    async with aiolock.connect(backend_url) as other:
+        assert not await other.lock(name).locked()
+
+
+async def test_close_leaves_no_place_in_the_queue(
+    locks: aiolock.Locks, backend_url: str, name: str
+) -> None:
+    """aclose() 0-50 ms after a waiter started (its first, busy attempt in flight or just
+    answered): once the holder releases, nobody holds the name -- the server did not
+    hand it to the closed connection's claim (Cluster and Sentinel did, for 30 s, when
+    the close came as the fast path's attempt queued the claim)."""
+    for delay in (0.0, 0.0, 0.001, 0.003, 0.01, 0.05):
+        busy = await locks.lock(name, ttl=30).acquire(timeout=5)
+        doomed = aiolock.connect(backend_url)
+        await doomed.status(name)  # connected
+        waiter = asyncio.create_task(doomed.lock(name, ttl=30).acquire(timeout=10))
+        await asyncio.sleep(delay)
+        await asyncio.wait_for(doomed.aclose(), 10)
+        (outcome,) = await asyncio.gather(waiter, return_exceptions=True)
+        assert isinstance(outcome, aiolock.LockError), repr(outcome)
+        await busy.release()
+        await asyncio.sleep(0.05)
+        info = await locks.status(name)
+        assert not info.held, f"closed {delay * 1000:.0f} ms after the waiter started: {info}"
+
+
+async def test_close_ends_observe_at_once(locks: aiolock.Locks, backend_url: str, name: str) -> None:
+    """An ``observe()`` of the closing connection ends within a second of the close
+    (with a LockError): on ZooKeeper and Memcached it sat out its ttl / 2 poll."""
+    need(locks, Capability.ELECTION)
+    term = await locks.election(name, ttl=30).campaign(data="a").acquire(timeout=5)
+    doomed = aiolock.connect(backend_url)
+    seen: list[object] = []
+
+    async def observe() -> None:
+        async for leader in doomed.election(name, ttl=30).observe():
+            seen.append(leader)
+
+    task = asyncio.create_task(observe())
+    try:
+        for _ in range(200):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        assert seen, "observe() gave nothing in 2 s"
+        await doomed.aclose()
+        started = time.monotonic()
+        await asyncio.wait([task], timeout=5)
+        assert task.done(), "observe() still iterating 5 s after aclose()"
+        assert time.monotonic() - started < 1.0, f"observe() ended {time.monotonic() - started:.2f} s after"
+        error = task.exception()
+        assert error is None or isinstance(error, aiolock.LockError), repr(error)
+    finally:
+        task.cancel()
+        await term.release()
+
+
 async def test_fair_is_first_come_first_served(locks: aiolock.Locks, name: str) -> None:
     need(locks, Capability.FAIR)
     lock = locks.lock(name, fair=True, ttl=5)

@@ -185,6 +185,11 @@ class PipelinedClient(abc.ABC, Generic[P]):
         self._connecting: asyncio.Task[P] | None = None
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`aclose` ran."""
+        return self._closed
+
     @abc.abstractmethod
     async def _open(self, loop: asyncio.AbstractEventLoop) -> P:
         """Open one connection and run its handshake (bounded by the caller)."""
@@ -217,8 +222,14 @@ class PipelinedClient(abc.ABC, Generic[P]):
             # whoever awaited it may be gone (cancelled) when it fails: retrieve the
             # exception here so asyncio never logs "Task exception was never retrieved"
             self._connecting.add_done_callback(_retrieve)
+        connecting = self._connecting
         try:
-            self._proto = await asyncio.shield(self._connecting)
+            self._proto = await asyncio.shield(connecting)
+        except asyncio.CancelledError:
+            caller = asyncio.current_task()
+            if self._closed and connecting.cancelled() and not (caller and caller.cancelling()):
+                raise ConnectionError("this connection was closed") from None  # by aclose()
+            raise
         finally:
             if self._connecting is not None and self._connecting.done():
                 if not self._connecting.cancelled():

@@ -189,6 +189,8 @@ class MemcachedBackend(Backend):
         except McError as exc:
             raise LockError(f"memcached at {self.url} refused a request: {exc}") from exc
         except (ConnectionError, TimeoutError, OSError) as exc:
+            if self._client.closed:
+                raise LockError(f"this connection to {self.url} is closed") from None
             raise BackendUnavailable(
                 f"memcached at {self.url} is unavailable ({type(exc).__name__}: {exc})"
             ) from exc

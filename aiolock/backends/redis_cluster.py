@@ -247,9 +247,16 @@ class RedisClusterBackend(RedisBackend):
         """One command, routed by its keys; cluster errors become ConnectionError, which
         ``_run`` turns into BackendUnavailable."""
         try:
-            if args[:2] == ("SCRIPT", "LOAD"):
-                return await self._cluster.script_load(args[2])  # on every master
-            return await self._cluster.execute_command(*args)
+            # redis-py's own retries are bounded by the socket timeout each, but not a
+            # request that waits for its topology refresh behind another (one to a
+            # frozen node waited for the node): the documented bound, enforced
+            async with asyncio.timeout(4 * self._request_timeout + 0.25):
+                if args[:2] == ("SCRIPT", "LOAD"):
+                    return await self._cluster.script_load(args[2])  # on every master
+                return await self._cluster.execute_command(*args)
+        except TimeoutError as exc:
+            raise rexc.TimeoutError(
+                f"no answer within {4 * self._request_timeout + 0.25:.2f} s") from exc
         except _UNAVAILABLE as exc:
             raise rexc.ConnectionError(f"{type(exc).__name__}: {exc}") from exc
         except AttributeError as exc:

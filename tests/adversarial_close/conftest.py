@@ -237,8 +237,9 @@ async def loop_reports() -> AsyncIterator[list[dict[str, Any]]]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Not triaged yet (written at the end of a session, about 4 minutes a run; the
-    README's Left lists what it reported): the slow tier (``./test.sh -m slow``)."""
+    """``test_frozen`` (freezes the session's servers for seconds, with timing bounds)
+    and ``test_held`` (about 45 s, what the contract suite's close tests cover) run in
+    the slow tier (``./test.sh -m slow``); the rest in every run."""
     for item in items:
-        if "adversarial_close" in item.nodeid:
+        if any(f"adversarial_close/{slow}.py" in item.nodeid for slow in ("test_frozen", "test_held")):
             item.add_marker(pytest.mark.slow)

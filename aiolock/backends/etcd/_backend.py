@@ -93,8 +93,7 @@ class EtcdBackend(Operators, Backend):
 
     async def try_acquire(self, claim: Claim) -> Granted | Busy:
         st = state(claim)
-        if st.abandoned:
-            raise LockError(f"claim on {claim.name!r} was abandoned")
+        _check_not_abandoned(claim, st)
         st.asked = None  # being asked: not unattended
         busy = self._same_answer(claim, st)
         if busy is not None:
@@ -130,6 +129,7 @@ class EtcdBackend(Operators, Backend):
     async def _attempt(self, claim: Claim, st: ClaimState, started: float) -> Granted | Busy | None:
         """Put our key if it is not there (and the family's token key with it), list the
         family; None: start again (our lease was gone or not surely alive)."""
+        _check_not_abandoned(claim, st)
         prefix = self._family_prefix(claim.name, claim.kind)
         key = self._claim_key(claim)
         if st.lease is not None and st.lease.lost:  # (its key is gone, or going)
@@ -156,6 +156,7 @@ class EtcdBackend(Operators, Backend):
             self._forget(claim)
             return None
         st.uncertain = False
+        _check_not_abandoned(claim, st)  # (the close abandons claims in flight)
         entries = recipe.entries(reply.responses[-1].response_range.kvs, prefix)
         index = next((i for i, e in enumerate(entries) if e.owner == claim.owner), None)
         if index is None:  # cannot be (one transaction), but never grant on it
@@ -198,6 +199,7 @@ class EtcdBackend(Operators, Backend):
                 await self._conn.unary("Lease", "LeaseRevoke", revoke, "an acquire")
 
     async def _granted(self, claim: Claim, st: ClaimState, started: float) -> Granted | None:
+        _check_not_abandoned(claim, st)
         if st.left_ms(claim.ttl_ms, started) < claim.ttl_ms / 2 and not await self._leases.refresh(st):
             await self._drop_lease(claim, st)
             return None
@@ -211,7 +213,8 @@ class EtcdBackend(Operators, Backend):
     async def _queued(self, claim: Claim, st: ClaimState) -> Busy | None:
         """Waiting: keep our own lease (our place in the queue) alive, and say when to
         look again."""
-        assert st.lease is not None
+        _check_not_abandoned(claim, st)
+        assert st.lease is not None  # (only abandon() forgets a claim while it is asked)
         lease = st.lease
         due = st.left_ms(claim.ttl_ms, time.monotonic()) < lease.granted * 1000 * 2 / 3
         if due and not await self._leases.refresh(st):
@@ -448,3 +451,10 @@ class EtcdBackend(Operators, Backend):
         await self._watches.aclose()
         await self._leases.aclose()
         await self._conn.aclose()
+
+
+def _check_not_abandoned(claim: Claim, st: ClaimState) -> None:
+    """Raise LockError once ``claim`` was abandoned (by a cancellation, or by the close
+    while its request was in flight: its key is deleted, or barred by a tombstone)."""
+    if st.abandoned:
+        raise LockError(f"claim on {claim.name!r} was abandoned")

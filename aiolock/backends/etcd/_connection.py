@@ -190,6 +190,10 @@ class Connection:
             if self.closed and (task is None or not task.cancelling()):
                 raise LockError(f"this connection to {self.url} was closed") from None
             raise
+        except grpc.aio.UsageError:  # "Channel is closed." (a call made as it closed)
+            if self.closed:
+                raise LockError(f"this connection to {self.url} was closed") from None
+            raise
 
     @contextlib.asynccontextmanager
     async def bounded(self, what: str) -> AsyncIterator[None]:
@@ -227,9 +231,12 @@ class Connection:
         async with self._ready_lock:
             if self._started:
                 return
+            if self.closed:  # closed while another call was connecting
+                raise LockError(f"this connection to {self.url} is closed")
             try:
                 async with asyncio.timeout(self.connect_timeout):
-                    await self._open()
+                    with self._closing():  # closed while connecting
+                        await self._open()
             except TimeoutError as exc:
                 raise BackendUnavailable(
                     f"cannot reach etcd at {self.url} within {self.connect_timeout} s"
@@ -238,12 +245,18 @@ class Connection:
                 raise
             except OSError as exc:
                 raise BackendUnavailable(f"cannot reach etcd at {self.url}: {exc}") from exc
+            if self.closed:  # closed while connecting, and the last step still answered
+                raise LockError(f"this connection to {self.url} is closed")
             self._started = True
 
     async def _open(self) -> None:
         if self.channel is None:
-            self.channel = await open_channel(
+            channel = await open_channel(
                 self.hosts, tls=self._tls, files=self._files, server_name=self._server_name)
+            if self.closed:  # aclose() ran meanwhile, with no channel to close
+                await channel.close()
+                raise LockError(f"this connection to {self.url} is closed")
+            self.channel = channel
             self.stubs = {s: getattr(pb, f"{s}Stub")(self.channel) for s in ("KV", "Lease", "Watch", "Auth")}
         await own_cancel(self.channel.channel_ready())
         if self.username:

@@ -300,6 +300,11 @@ class ZooKeeperBackend(_Acquire):
         if self._closed:
             return
         self._closed = True
+        starting = self._starting
+        if starting is not None and not starting.done():  # closed while connecting
+            starting.cancel()
+            with contextlib.suppress(BaseException):
+                await starting
         monitor, self._monitor = self._monitor, None
         if monitor is not None:
             monitor.cancel()

@@ -19,6 +19,7 @@ from aiozk.states import States
 
 from ...abc import Backend, Claim, Waiter
 from ...errors import AccessDenied, BackendUnavailable, LockError
+from .._own_task import in_own_task
 from ._claim import state_of
 from ._options import check_chroot, check_hosts, credentials, node_acl
 from ._recipe import encode_data, zk_name
@@ -76,6 +77,7 @@ class _Io(Backend):
         self._started = False
         self._start_lock = asyncio.Lock()
         self._closed = False
+        self._starting: asyncio.Future[None] | None = None  # the session's start, in flight
         self._sid: int | None = None  # the session our nodes belong to
         self._monitor: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -121,30 +123,47 @@ class _Io(Backend):
         if self._started:
             return
         async with self._start_lock:
+            self._open()  # closed while another call was connecting
             if self._started:
                 return
+            # in a task of its own, which aclose() cancels: a close while connecting
+            # ends every caller at once (aiozk would wait for the connect timeout)
+            starting = asyncio.ensure_future(self._start())
+            self._starting = starting
             try:
-                async with asyncio.timeout(self._connect_timeout):
-                    await self._client.session.start()
-                    await self._ensure_path(self._chroot, container=False)
-                    if self._repair is not None and self._repair.auth_error is not None:
-                        raise self._repair.auth_error
-            except (zkexc.NoAuth, zkexc.AuthFailed) as exc:
-                if self._owns_client:
-                    await self._teardown()
-                raise self._denied(f"creating the chroot {self._chroot}", exc) from exc
-            except (TimeoutError, OSError, zkexc.ZKError) as exc:
-                if self._owns_client:
-                    await self._teardown()
-                raise BackendUnavailable(
-                    f"cannot reach ZooKeeper at {self.url} within {self._connect_timeout} s "
-                    f"({type(exc).__name__}: {exc})"
-                ) from exc
-            self._sid = self._client.session.session_id
-            self._started = True
-            self._monitor = asyncio.get_running_loop().create_task(self._watch_session())
-            if self.session_timeout < 1.0:
-                log.warning("ZooKeeper session timeout is only %.1f s", self.session_timeout)
+                await in_own_task(starting, lambda task: task.cancel())
+            except asyncio.CancelledError:
+                caller = asyncio.current_task()
+                if self._closed and starting.cancelled() and not (caller and caller.cancelling()):
+                    raise LockError(f"this connection to {self.url} was closed while connecting") from None
+                raise
+            finally:
+                self._starting = None
+
+    async def _start(self) -> None:
+        """Start the session and make the chroot (under ``_start_lock``)."""
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                await self._client.session.start()
+                await self._ensure_path(self._chroot, container=False)
+                if self._repair is not None and self._repair.auth_error is not None:
+                    raise self._repair.auth_error
+        except (zkexc.NoAuth, zkexc.AuthFailed) as exc:
+            if self._owns_client:
+                await self._teardown()
+            raise self._denied(f"creating the chroot {self._chroot}", exc) from exc
+        except (TimeoutError, OSError, zkexc.ZKError) as exc:
+            if self._owns_client:
+                await self._teardown()
+            raise BackendUnavailable(
+                f"cannot reach ZooKeeper at {self.url} within {self._connect_timeout} s "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
+        self._sid = self._client.session.session_id
+        self._started = True
+        self._monitor = asyncio.get_running_loop().create_task(self._watch_session())
+        if self.session_timeout < 1.0:
+            log.warning("ZooKeeper session timeout is only %.1f s", self.session_timeout)
 
     async def _teardown(self) -> None:
         """Stop a client that never connected (``aiozk.close`` would wait for a server)."""
@@ -158,9 +177,17 @@ class _Io(Backend):
         if session.heartbeat_handle is not None:
             session.heartbeat_handle.cancel()
             session.heartbeat_handle = None
-        if session.conn is not None:
+        conn = session.conn
+        if conn is not None:
             with contextlib.suppress(Exception):
-                session.conn.abort()
+                conn.abort()
+            with contextlib.suppress(Exception):
+                conn.writer.close()  # its read loop ends (the socket is not left open)
+            reader = getattr(conn, "read_loop_task", None)
+            if reader is not None and not reader.done():
+                reader.cancel()
+                with contextlib.suppress(BaseException):
+                    await reader
         session.started = False
         session.closing = False
 

@@ -131,6 +131,16 @@ class Connection(_ZKConnection):  # type: ignore[misc]
             self.abort()
 
     async def read_response(self, initial_connect: bool = False) -> tuple[Any, Any, Any]:
+        while True:
+            xid, zxid, reply = await self._read_reply(initial_connect)
+            if (xid is None or xid == zkproto.WATCH_XID or xid in zkproto.SPECIAL_XIDS
+                    or xid in self.pending):
+                return xid, zxid, reply
+            # the reply to a request that abort() failed already: aiozk's read loop
+            # would die on it (a KeyError no one retrieves) and read nothing more
+            log.debug("dropped the late reply to ZooKeeper request %s (failed already)", xid)
+
+    async def _read_reply(self, initial_connect: bool) -> tuple[Any, Any, Any]:
         reader = self.reader
         try:
             size = _SIZE.unpack(await reader.readexactly(_SIZE.size))[0]
