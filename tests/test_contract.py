@@ -17,6 +17,7 @@ import traceback
 import uuid
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -322,6 +323,18 @@ async def test_close_releases_held_leases(backend_url: str, name: str) -> None:
     assert lease.released and not lease.lost
 
 
+async def ended_soon(tasks: list[asyncio.Task[Any]], when: str) -> set[asyncio.Task[Any]]:
+    """``tasks`` (calls of a connection just closed) all end within a second."""
+    started = time.monotonic()
+    done, pending = await asyncio.wait(tasks, timeout=5)
+    took = time.monotonic() - started
+    for task in pending:
+        task.cancel()
+    assert not pending, f"{when}: {len(pending)} calls still running 5 s after aclose()"
+    assert took < 1.0, f"{when}: the calls ended {took:.2f} s after aclose()"
+    return done
+
+
 async def test_close_ends_this_connections_waiters_soon(
     locks: aiolock.Locks, backend_url: str, name: str
 ) -> None:
@@ -338,14 +351,7 @@ async def test_close_ends_this_connections_waiters_soon(
                        for _ in range(3)]
             await asyncio.sleep(rnd.uniform(0, 0.01))
             await doomed.aclose()
-            started = time.monotonic()
-            done, pending = await asyncio.wait(waiters, timeout=5)
-            took = time.monotonic() - started
-            for task in pending:
-                task.cancel()
-            assert not pending, f"attempt {attempt}: {len(pending)} waiters still waiting 5 s after aclose()"
-            assert took < 1.0, f"attempt {attempt}: waiters ended {took:.2f} s after aclose()"
-            for task in done:
+            for task in await ended_soon(waiters, f"attempt {attempt}"):
                 error = task.exception()
                 assert isinstance(error, aiolock.LockError), "".join(
                     traceback.format_exception(error) if error else [f"{task} returned"])
@@ -367,14 +373,7 @@ async def test_close_while_connecting_ends_the_calls_at_once(backend_url: str, n
         for _ in range(steps):
             await asyncio.sleep(0)
         await asyncio.wait_for(doomed.aclose(), 10)
-        started = time.monotonic()
-        done, pending = await asyncio.wait(calls, timeout=5)
-        took = time.monotonic() - started
-        for task in pending:
-            task.cancel()
-        assert not pending, f"after {steps} steps: {len(pending)} calls still running 5 s after aclose()"
-        assert took < 1.0, f"after {steps} steps: the calls ended {took:.2f} s after aclose()"
-        for task in done:
+        for task in await ended_soon(calls, f"after {steps} steps"):
             error = task.exception()
             assert error is None or isinstance(error, aiolock.LockError), "".join(
                 traceback.format_exception(error))

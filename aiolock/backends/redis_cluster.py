@@ -45,7 +45,9 @@ connect timeout; a failed or timed-out request, a cluster that is down, or a slo
 no master raise :class:`aiolock.BackendUnavailable`; other server errors raise
 :class:`aiolock.LockError`. A request to an unresponsive master is tried up to four
 times (redis-py's retries ride over redirections), so it fails after at most about
-``4 x request_timeout`` (plus a quarter second of back-off), not one ``request_timeout``.
+``4 x request_timeout`` (plus a quarter second of back-off), not one ``request_timeout`` -- a
+bound enforced on every request (one that waited behind another's topology refresh used
+to wait for a frozen node until it answered).
 """
 
 from __future__ import annotations
