@@ -50,6 +50,8 @@ T = TypeVar("T")
 
 #: How long closing a connection waits for the releases of the leases it still holds.
 CLOSE_TIMEOUT = 5.0
+#: a BackendUnavailable this soon is no slow server: an abandon is tried once more
+QUICK_FAILURE = 0.25
 
 #: Seconds after a change in a name's unseen local waiters before their number is
 #: written to its holder record here (changes within it are written together).
@@ -223,11 +225,23 @@ class _Engine:
             self._drain.set()
 
     async def abandon(self, claim: Claim) -> None:
-        """Best-effort: drop ``claim`` on the server (released, dequeued, barred)."""
+        """Best-effort: drop ``claim`` on the server (released, dequeued, barred); a
+        quick failure (a connection being reopened) is tried once more, a moment later:
+        a claim left behind holds its name for a whole ttl."""
+        started = time.monotonic()
+        try:
+            await self.backend.abandon(claim)
+            return
+        except BackendUnavailable as exc:
+            if time.monotonic() - started > QUICK_FAILURE:
+                return _not_abandoned(claim, exc)
+        except Exception as exc:
+            return _not_abandoned(claim, exc)
+        await asyncio.sleep(0.05)
         try:
             await self.backend.abandon(claim)
         except Exception as exc:
-            log.warning("could not clean up claim on %r: %s (it expires by its ttl)", claim.name, exc)
+            _not_abandoned(claim, exc)
 
     # -- per-name state -------------------------------------------------------------------
 
@@ -437,3 +451,7 @@ class _Engine:
         self._locals.clear()
         self.watchdog.drop_all()
         self.closed = True
+
+
+def _not_abandoned(claim: Claim, exc: Exception) -> None:
+    log.warning("could not clean up claim on %r: %s (it expires by its ttl)", claim.name, exc)

@@ -248,23 +248,31 @@ class RedisClusterBackend(RedisBackend):
     async def _cluster_call(self, *args: Any) -> Any:
         """One command, routed by its keys; cluster errors become ConnectionError, which
         ``_run`` turns into BackendUnavailable."""
+        bound = 4 * self._request_timeout + 0.25
         try:
             # redis-py's own retries are bounded by the socket timeout each, but not a
             # request that waits for its topology refresh behind another (one to a
             # frozen node waited for the node): the documented bound, enforced
-            async with asyncio.timeout(4 * self._request_timeout + 0.25):
-                if args[:2] == ("SCRIPT", "LOAD"):
-                    return await self._cluster.script_load(args[2])  # on every master
-                return await self._cluster.execute_command(*args)
+            async with asyncio.timeout(bound):
+                try:
+                    return await self._send(args)
+                except AttributeError:
+                    # redis-py 8 fails this way when a command meets a connection being
+                    # (re)opened -- by another command, or to a restarting master -- whose
+                    # writer is still None: nothing was sent, so once more, a moment later
+                    await asyncio.sleep(0.01)
+                    return await self._send(args)
         except TimeoutError as exc:
-            raise rexc.TimeoutError(
-                f"no answer within {4 * self._request_timeout + 0.25:.2f} s") from exc
+            raise rexc.TimeoutError(f"no answer within {bound:.2f} s") from exc
         except _UNAVAILABLE as exc:
             raise rexc.ConnectionError(f"{type(exc).__name__}: {exc}") from exc
-        except AttributeError as exc:
-            # redis-py 8 can fail this way while it reopens a connection to a master that
-            # is restarting (its writer is still None): the node is unavailable, not us
+        except AttributeError as exc:  # again: the node is unavailable, not us
             raise rexc.ConnectionError(f"connection to a restarting node: {exc}") from exc
+
+    async def _send(self, args: tuple[Any, ...]) -> Any:
+        if args[:2] == ("SCRIPT", "LOAD"):
+            return await self._cluster.script_load(args[2])  # on every master
+        return await self._cluster.execute_command(*args)
 
     async def connect(self) -> None:
         try:
@@ -406,6 +414,15 @@ class RedisClusterBackend(RedisBackend):
     async def aclose(self) -> None:
         direct, self._direct = list(self._direct.values()), {}
         await asyncio.gather(*(c.aclose() for c in direct), return_exceptions=True)
+        if self._owns_client:
+            # RedisCluster.aclose() does nothing while its initialize() runs (it closes
+            # only an initialized client), and that initialize() then opens the nodes
+            # for good: let it end first (bounded), so that the close closes them
+            initializing = getattr(self._cluster, "_lock", None)
+            if isinstance(initializing, asyncio.Lock) and initializing.locked():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._connect_timeout), initializing:
+                        pass
         await super().aclose()
 
 

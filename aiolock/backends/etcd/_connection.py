@@ -179,6 +179,10 @@ class Connection:
         with self.errors(what), self._closing():
             return await own_cancel(call(request, metadata=self.metadata, timeout=self.request_timeout))
 
+    def closed_error(self) -> LockError:
+        """What a call on this connection raises once :meth:`aclose` ran."""
+        return LockError(f"this connection to {self.url} is closed")
+
     @contextlib.contextmanager
     def _closing(self) -> Iterator[None]:
         """A call the closing channel cancelled (grpc.aio raises CancelledError in the
@@ -188,11 +192,11 @@ class Connection:
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self.closed and (task is None or not task.cancelling()):
-                raise LockError(f"this connection to {self.url} was closed") from None
+                raise self.closed_error() from None
             raise
         except grpc.aio.UsageError:  # "Channel is closed." (a call made as it closed)
             if self.closed:
-                raise LockError(f"this connection to {self.url} was closed") from None
+                raise self.closed_error() from None
             raise
 
     @contextlib.asynccontextmanager
@@ -225,14 +229,14 @@ class Connection:
 
     async def ready(self) -> None:
         if self.closed:
-            raise LockError(f"this connection to {self.url} is closed")
+            raise self.closed_error()
         if self._started:
             return
         async with self._ready_lock:
             if self._started:
                 return
             if self.closed:  # closed while another call was connecting
-                raise LockError(f"this connection to {self.url} is closed")
+                raise self.closed_error()
             try:
                 async with asyncio.timeout(self.connect_timeout):
                     with self._closing():  # closed while connecting
@@ -246,7 +250,7 @@ class Connection:
             except OSError as exc:
                 raise BackendUnavailable(f"cannot reach etcd at {self.url}: {exc}") from exc
             if self.closed:  # closed while connecting, and the last step still answered
-                raise LockError(f"this connection to {self.url} is closed")
+                raise self.closed_error()
             self._started = True
 
     async def _open(self) -> None:
@@ -255,7 +259,7 @@ class Connection:
                 self.hosts, tls=self._tls, files=self._files, server_name=self._server_name)
             if self.closed:  # aclose() ran meanwhile, with no channel to close
                 await channel.close()
-                raise LockError(f"this connection to {self.url} is closed")
+                raise self.closed_error()
             self.channel = channel
             self.stubs = {s: getattr(pb, f"{s}Stub")(self.channel) for s in ("KV", "Lease", "Watch", "Auth")}
         await own_cancel(self.channel.channel_ready())

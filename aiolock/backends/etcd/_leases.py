@@ -237,7 +237,7 @@ class LeaseSession:
                 me = asyncio.current_task()
                 if task.cancelled() and (me is None or not me.cancelling()):
                     # the grant was cancelled, not this task: aclose() ran meanwhile
-                    raise LockError(f"this connection to {self._conn.url} was closed") from None
+                    raise self._conn.closed_error() from None
                 raise
             if not lease.lost:
                 return lease
