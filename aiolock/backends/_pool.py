@@ -59,6 +59,9 @@ class Pool:
                     self._out.add(conn)
                     return conn
             conn = await self._connect()
+            if self.closed:  # closed while it opened: nobody would close it
+                self._drop(conn)
+                raise LockError(f"the connection pool to {self._url} is closed")
             self._out.add(conn)
             assert len(self._out) <= self._size, "each lent connection holds a slot"
             return conn

@@ -62,6 +62,9 @@ class PostgresBackend(SQLBackend):
                          pool_timeout=pool_timeout, poll_interval=poll_interval)
         self._notifier = Notifier(open_conn=self._new_connection, guard=self._guard,
                                   spawn=self._spawn, retry=self._poll, url=self._url)
+        #: connections being opened: the close lets them finish (never cancelled
+        #: mid-handshake, see _open), and a connection opened for nobody is closed
+        self._openings: set[asyncio.Future[Any]] = set()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> PostgresBackend:
@@ -108,10 +111,12 @@ class PostgresBackend(SQLBackend):
         # not cut short by a cancelled caller: asyncpg cancelled mid-handshake leaves its
         # TLS probe's future failing unseen ("Future exception was never retrieved"); a
         # connection made for nobody is closed
-        return await in_own_task(
+        opening = asyncio.ensure_future(
             asyncpg().connect(self._dsn, timeout=self._connect_timeout, server_settings=settings,
-                              **options),
-            lambda opening: opening.add_done_callback(_close_unused))
+                              **options))
+        self._openings.add(opening)
+        opening.add_done_callback(self._openings.discard)
+        return await in_own_task(opening, lambda opening: opening.add_done_callback(_close_unused))
 
     def _error(self, exc: Exception) -> LockError:
         return map_error(exc, self._url)
@@ -147,6 +152,8 @@ class PostgresBackend(SQLBackend):
 
     async def _close_extra(self) -> None:
         await self._notifier.aclose()
+        if self._openings:  # (else the event loop's end would cancel them mid-handshake)
+            await asyncio.wait(list(self._openings), timeout=self._connect_timeout)
 
     # -- the claim's statements ---------------------------------------------------------------
 
