@@ -222,7 +222,7 @@ class Lock:
     ) -> Lease:
         # granted.ttl_ms may be less than asked (a repeated request): it bounds this
         # expiry only; renewals keep asking for the claim's own ttl
-        if self._engine.closed:  # granted after the close abandoned it: release it now
+        if self._engine.closed:  # granted as the close came: given back before it ends
             self._engine.spawn(self._engine.abandon(claim))
             raise LockError(f"this connection to {self._engine.backend.url} was closed")
         hold = _Hold(
