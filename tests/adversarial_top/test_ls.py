@@ -220,24 +220,54 @@ REDLOCK_LINES = ("DEFECT: on redlock:// with unreachable nodes, ls/revoke print 
 
 @pytest.mark.parametrize("scenario", with_defects(cli_rows(C.SCAN), {"redlock": REDLOCK_LINES}),
                          indirect=True)
-async def test_unreachable_server_exit_69_one_line_no_password(scenario: Scenario) -> None:
-    """``ls``, ``ls --json``, ``revoke`` on an unreachable server: exit 69 in bounded time,
-    one line on stderr, no traceback, never the URL's password."""
+async def test_unreachable_server_exit_69_one_line_no_password(scenario: Scenario, term: Any,
+                                                                tmp_path: Any) -> None:
+    """``ls``, ``ls --json``, ``revoke`` and ``top`` (in a terminal) on an unreachable
+    server: exit 69 in bounded time, a message, no traceback, never the URL's password;
+    ``ls``/``revoke``: one line on stderr, nothing on stdout."""
     url = unreachable(scenario)
     cmds = [["ls", "--url", url], ["ls", "--json", "--url", url, "p:"]]
     if C.REVOKE in scenario.capabilities:
         cmds.append(["revoke", "--url", url, "some-name"])
+    t = term(150, 30)
     t0 = time.monotonic()
+    t.top(tmp_path / "status", "--url", url, "--interval", "0.5")
     runs = await asyncio.gather(*(cli(*c, timeout=45) for c in cmds))
+    code = await t.wait_exit(30)
     took = time.monotonic() - t0
+    screen = t.screen()
+    assert code == 69, screen
+    no_traceback(screen)
+    assert SECRET not in screen, screen
+    assert screen.replace("TOP-EXITED", "").strip(), "top: no message at all"
     for c, ran in zip(cmds, runs, strict=True):
         assert ran.code == 69, (c, ran)
         no_traceback(ran.err + ran.out)
         assert SECRET not in ran.err + ran.out, (c, ran)
-        lines = [line for line in ran.err.splitlines() if line.strip()]
-        assert len(lines) == 1, (c, ran.err)
+        assert ran.err.strip(), (c, ran)
         assert ran.out.strip() == "", (c, ran.out)
     assert took < 30, took
+    for c, ran in zip(cmds, runs, strict=True):  # last: the known defect of one row
+        lines = [line for line in ran.err.splitlines() if line.strip()]
+        assert len(lines) == 1, (c, ran.err)
+
+
+@pytest.mark.parametrize("scenario", [s for s in cli_rows(C.SCAN) if s.values[0].id.startswith(("redis", "redlock"))],
+                         indirect=True)
+async def test_ls_lists_more_names_than_one_scan_step(scenario: Scenario, backend_url: str) -> None:
+    """Redis lists with ``SCAN``, 1,000 keys a step: every held name is listed, however
+    many steps the walk takes."""
+    p = prefix()
+    n = 1100
+    async with aiolock.connect(backend_url) as locks:
+        leases = await asyncio.gather(*(locks.lock(f"{p}{i:04d}", ttl=30).acquire(timeout=20) for i in range(n)))
+        try:
+            ran = await cli("ls", "--json", "--url", backend_url, p, timeout=60)
+        finally:
+            await asyncio.gather(*(lease.release() for lease in leases))
+    assert ran.code == 0, ran
+    got = sorted(r["name"] for r in parse_json_lines(ran.out))
+    assert got == [f"{p}{i:04d}" for i in range(n)], (len(got), n)
 
 
 async def test_no_url_says_so_and_exits_2() -> None:

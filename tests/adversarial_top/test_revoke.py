@@ -11,12 +11,15 @@ import contextlib
 import json
 import time
 
+import pytest
+
 import aiolock
 
 from ..scenarios import Scenario
+from ..servers import RedisServer
 from .conftest import C, cli, no_traceback, on_rows, prefix
 
-TTL = 3.0
+TTL = 2.0
 #: a renewal comes within ttl/3; then a little for the request itself and the cancel
 LOST_WITHIN = TTL / 3 + 1.5
 
@@ -122,3 +125,43 @@ async def test_revoke_odd_names(scenario: Scenario, backend_url: str) -> None:
             await lost_within(lease, LOST_WITHIN)
         assert not near.lost and (await locks.status(near.name)).held
         await near.release()
+
+
+@on_rows(C.REVOKE)
+async def test_revoke_exit_0_for_a_name_held_in_one_kind_only(scenario: Scenario, backend_url: str) -> None:
+    """'Revokes every holder of NAME, in every kind': a name held only as an election, only
+    as semaphore permits or only as read locks is something held (exit 0), its holders
+    lose their leases; a lock of another name is untouched."""
+    p = prefix()
+    caps = scenario.capabilities
+    async with aiolock.connect(backend_url) as locks:
+        held: dict[str, list[aiolock.Lease]] = {}
+        if C.ELECTION in caps:
+            held[p + "elect"] = [await locks.election(p + "elect", ttl=TTL).campaign(data="l").acquire(timeout=10)]
+        if C.SEMAPHORE in caps:
+            sem = locks.semaphore(p + "sem", 2, ttl=TTL)
+            held[p + "sem"] = [await asyncio.create_task(sem.acquire(timeout=10)) for _ in range(2)]
+        if C.RWLOCK in caps:
+            rw = locks.rwlock(p + "rw", ttl=TTL)
+            held[p + "rw"] = [await asyncio.create_task(rw.read().acquire(timeout=10)) for _ in range(2)]
+        if not held:
+            pytest.skip("only plain locks here")
+        runs = await asyncio.gather(*(cli("revoke", "--url", backend_url, n, timeout=40) for n in held))
+        for n, ran in zip(held, runs, strict=True):
+            assert ran.code == 0, (n, ran)
+        for leases in held.values():
+            for lease in leases:
+                await lost_within(lease, LOST_WITHIN)
+        runs = await asyncio.gather(*(cli("revoke", "--url", backend_url, n, timeout=40) for n in held))
+        for n, ran in zip(held, runs, strict=True):
+            assert ran.code == 1, (n, ran)
+
+
+@pytest.mark.parametrize("bad", ["", "x" * 513])
+async def test_revoke_bad_name_is_a_usage_error(bad: str, redis_server: RedisServer) -> None:
+    """An empty or over-long (> 512 characters) name is a bad argument: exit 2, one line,
+    no traceback."""
+    ran = await cli("revoke", "--url", redis_server.url, bad, timeout=30)
+    assert ran.code == 2, ran
+    no_traceback(ran.err + ran.out)
+    assert len([line for line in ran.err.splitlines() if line.strip()]) == 1, ran.err

@@ -20,8 +20,8 @@ import pytest
 
 import aiolock
 
-from ..scenarios import SECRET, Scenario
-from ..servers import RedisServer, free_port
+from ..scenarios import Scenario
+from ..servers import RedisServer
 from .conftest import (
     TOP_SECRET,
     C,
@@ -296,23 +296,6 @@ async def test_bad_interval_is_a_usage_error(interval: str, redis_server: RedisS
     ran = await cli("top", "--url", redis_server.url, "--interval", interval, timeout=15)
     assert ran.code == 2, ran
     no_traceback(ran.err + ran.out)
-
-
-@pytest.mark.parametrize("scenario", cli_rows(C.SCAN), indirect=True)
-async def test_top_unreachable_in_a_terminal(scenario: Scenario, term: Callable[..., Term],
-                                             tmp_path: Path) -> None:
-    """An unreachable server: a clear message, exit 69, in bounded time, no traceback, no
-    password on the screen."""
-    assert scenario.bad_url is not None
-    url = scenario.bad_url.format(free_port(), free_port(), free_port())
-    t = term(150, 30)
-    t.top(tmp_path / "status", "--url", url, "--interval", "0.5")
-    code = await t.wait_exit(30)
-    screen = t.screen()
-    assert code == 69, screen
-    no_traceback(screen)
-    assert SECRET not in screen, screen
-    assert screen.replace("TOP-EXITED", "").strip(), "no message at all"
 
 
 def secret_url(scenario: Scenario, backend_url: str, request: pytest.FixtureRequest) -> str:
