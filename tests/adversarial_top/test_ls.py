@@ -68,6 +68,10 @@ async def test_ls_json_shape_and_agreement_with_scan_and_status(scenario: Scenar
             term = await locks.election(p + "elect", ttl=20).campaign(data="host-a:8080").acquire(timeout=10)
             leases.append(term)
             kinds[p + "elect"] = "election"
+        # data of the maximum length with quotes, escapes, control and non-ASCII characters
+        big = ('é"\\\n\t🔒{}[/]' * 200)[:1024]
+        leases.append(await hold(locks.lock(p + "big", ttl=20, data=big)))
+        kinds[p + "big"] = "lock"
         # names that contain the prefix but do not start with it
         leases.append(await hold(locks.lock("x" + p, ttl=20)))
         leases.append(await hold(locks.lock(p[:-1], ttl=20)))
@@ -115,6 +119,7 @@ async def test_ls_json_shape_and_agreement_with_scan_and_status(scenario: Scenar
     assert a["holders"][0]["task"] == lock.holder.task, (a, lock.holder)
     assert a["waiters"] == 2 == status.waiters, (a, status)
     assert a["holders"][0]["waiting"] == 2, a
+    assert [h["data"] for h in by[p + "big"]["holders"]] == [big], by[p + "big"]
     if p + "rw" in by:
         assert len(by[p + "rw"]["holders"]) == 2, by[p + "rw"]
     if p + "sem" in by:
@@ -171,10 +176,12 @@ async def test_ls_plain_one_line_per_name(scenario: Scenario, backend_url: str) 
     p = prefix()
     tag = os.urandom(3).hex()
     plain = [p + "alpha", p + "[bold]b" + tag + "[/bold]", p + "ключ-🔒"]
-    nl = p + "nl" + tag + "\nFORGED" + tag
+    nl = p + "newline" + tag + "\nFORGED" + tag
     async with aiolock.connect(backend_url) as locks:
         leases = [await hold(locks.lock(n, ttl=20, data=f"data-{i}-{tag}")) for i, n in enumerate(plain)]
         leases.append(await hold(locks.lock(nl, ttl=20, data="nl-data")))
+        # holder data with a newline: still one line for its name
+        leases.append(await hold(locks.lock(p + "datanl" + tag, ttl=20, data="d1\nDFORGED" + tag)))
         leases.append(await hold(locks.lock("zz" + p, ttl=20, data="outside")))
         try:
             ran = await cli("ls", "--url", backend_url, p, timeout=40)
@@ -192,8 +199,10 @@ async def test_ls_plain_one_line_per_name(scenario: Scenario, backend_url: str) 
         assert str(leases[i].token) in line[len(n):], (n, ran.out)
     assert "outside" not in ran.out and "zz" + p not in ran.out, ran.out
     # the name with a newline: one line, no forged line starting with its second half
-    assert sum("nl" + tag in line for line in lines) == 1, ran.out
+    assert sum("newline" + tag in line for line in lines) == 1, ran.out
     assert not any(line.startswith("FORGED" + tag) for line in lines), ran.out
+    assert sum(("datanl" + tag) in line for line in lines) == 1, ran.out
+    assert not any(line.startswith("DFORGED" + tag) for line in lines), ran.out
 
 
 @pytest.mark.parametrize("scenario", rows_without(C.SCAN), indirect=True)
