@@ -259,7 +259,10 @@ async def test_top_shows_non_ascii_names_and_data(scenario: Scenario, backend_ur
                            {"naïve-ключ-名前": "données ✓", "a\\b%_*?": "x%_*\\y"})
 
 
-MARKUP = "DEFECT: text that looks like rich markup in a name or holder data is interpreted as markup; '[/]' crashes top with a MarkupError traceback"
+MARKUP = ("DEFECT: top renders names and holder data as rich markup: a lock named '[bold]x[/bold]' "
+          "with data '[red]d[/red]' shows as 'x' / 'd', and a name or data '[/]' makes top exit 1 "
+          "with a rich.errors.MarkupError traceback on the screen (docs: names are any string; "
+          "errors are one line, never a traceback)")
 
 
 @pytest.mark.xfail(strict=False, reason=MARKUP)
