@@ -132,9 +132,9 @@ class TopView:
         table.add_column("HOLDERS (host:pid task data, held for)", overflow="fold", ratio=4)
         for seen in infos:
             info = seen.info
-            table.add_row(
-                info.name, _kind(info), "-" if info.token is None else str(info.token),
-                str(info.waiters), _bar(info.ttl_left, seen.full), _holders(info),
+            table.add_row(  # names and data as Text: a str cell is read as rich markup
+                Text(info.name), _kind(info), "-" if info.token is None else str(info.token),
+                str(info.waiters), _bar(info.ttl_left, seen.full), Text(_holders(info)),
             )
         if not infos:
             table.add_row(Text("(nothing held)", style="dim"), "", "", "", "", "")

@@ -154,10 +154,10 @@ class RedlockBackend(Fanout, Backend):
         replies = await self._ask(lambda node: prepared[self._nodes.index(node)],
                                   lambda r: len(r.ok) >= self.quorum)
         self._preparing = {i: fut for i, fut in enumerate(prepared) if not fut.done()}
-        for i, exc in replies.errors.items():
-            log.warning("redlock: node %s is unreachable (%s)", self._nodes[i].url, exc)
-        if len(replies.ok) < self.quorum:
+        if len(replies.ok) < self.quorum:  # (the error names every node's failure)
             raise self._failure("connecting", replies)
+        for i, exc in replies.errors.items():  # connected without them: say so
+            log.warning("redlock: node %s is unreachable (%s)", self._nodes[i].url, exc)
 
     async def try_acquire(self, claim: Claim) -> Granted | Busy:
         _check_kind(claim.kind)

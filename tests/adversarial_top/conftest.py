@@ -56,13 +56,27 @@ def with_defects(rows: list[Any], defects: dict[str, str]) -> list[Any]:
 
 
 def rows_without(capability: Capability) -> list[Any]:
-    return [s.param() for s in SCENARIOS if s.id != "memory" and not s.missing
-            and capability not in s.capabilities]
+    return [
+        s.param()
+        for s in SCENARIOS
+        if s.id != "memory" and not s.missing and capability not in s.capabilities
+    ]
 
 
 def on_rows(*need: Capability) -> pytest.MarkDecorator:
     """Parametrize the ``scenario`` fixture (tests/conftest.py) over :func:`cli_rows`."""
     return pytest.mark.parametrize("scenario", cli_rows(*need), indirect=True)
+
+
+#: one row per backend family for the screen tests (``top`` draws what ``scan()`` lists,
+#: which the ``ls`` tests check on every row; the screen is the same code on each)
+SCREEN_ROWS = ("redis", "redis-nolua", "zookeeper", "postgres", "mysql", "etcd", "redlock")
+
+
+def on_screen_rows(*need: Capability) -> pytest.MarkDecorator:
+    """:func:`on_rows`, one row per backend family (:data:`SCREEN_ROWS`)."""
+    rows = [row for row in cli_rows(*need) if row.values[0].id in SCREEN_ROWS]
+    return pytest.mark.parametrize("scenario", rows, indirect=True)
 
 
 def prefix() -> str:
@@ -110,16 +124,39 @@ class Term(Tmux):
         self.status: Path | None = None
 
     def run(self, *args: str) -> str:
-        done = subprocess.run(["tmux", "-u", "-L", self.sock, *args], capture_output=True,
-                              text=True, timeout=10,
-                              env={**os.environ, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"})
+        done = subprocess.run(
+            ["tmux", "-u", "-L", self.sock, *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env={**os.environ, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"},
+        )
         return done.stdout
 
     def start(self, command: str) -> None:
         env = cli_env(TERM="xterm-256color", LANG="C.UTF-8", LC_ALL="C.UTF-8")
-        subprocess.run(["tmux", "-u", "-L", self.sock, "-f", "/dev/null", "new-session", "-d",
-                        "-s", self.session, "-x", str(self.width), "-y", str(self.height), command],
-                       check=True, env=env, timeout=10)
+        subprocess.run(
+            [
+                "tmux",
+                "-u",
+                "-L",
+                self.sock,
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-s",
+                self.session,
+                "-x",
+                str(self.width),
+                "-y",
+                str(self.height),
+                command,
+            ],
+            check=True,
+            env=env,
+            timeout=10,
+        )
 
     def top(self, status: Path, *args: str) -> None:
         """``aiolock top ARGS`` in the pane; its exit status goes to ``status``
@@ -128,8 +165,9 @@ class Term(Tmux):
         cmd = " ".join(shlex.quote(a) for a in (sys.executable, "-m", "aiolock", "top", *args))
         # the shell traps SIGINT (a Ctrl-C for top) so that it lives on to record the status;
         # top itself starts with the default disposition (a trap is reset on exec)
-        self.start(f"trap 'true' INT; {cmd}; echo EXIT=$? > {shlex.quote(str(status))}; "
-                   "echo TOP-EXITED; sleep 60")
+        self.start(
+            f"trap 'true' INT; {cmd}; echo EXIT=$? > {shlex.quote(str(status))}; echo TOP-EXITED; sleep 60"
+        )
 
     def exit_code(self) -> int | None:
         assert self.status is not None
@@ -138,7 +176,7 @@ class Term(Tmux):
         text = self.status.read_text().strip()
         if not text.startswith("EXIT="):
             return None
-        return int(text[len("EXIT="):])
+        return int(text[len("EXIT=") :])
 
     async def wait_exit(self, within: float) -> int:
         deadline = time.monotonic() + within
@@ -185,5 +223,20 @@ def row_lines(screen: str, name: str) -> list[str]:
     return [line for line in screen.splitlines() if line.startswith(name + " ") or line == name]
 
 
-__all__ = ["TOP_SECRET", "C", "Scenario", "Term", "cli", "cli_rows", "no_traceback", "on_rows", "with_defects",
-           "passwords", "prefix", "row_lines", "rows_without", "with_password"]
+__all__ = [
+    "TOP_SECRET",
+    "C",
+    "Scenario",
+    "Term",
+    "cli",
+    "cli_rows",
+    "no_traceback",
+    "on_rows",
+    "on_screen_rows",
+    "with_defects",
+    "passwords",
+    "prefix",
+    "row_lines",
+    "rows_without",
+    "with_password",
+]

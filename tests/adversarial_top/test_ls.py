@@ -19,7 +19,7 @@ import aiolock
 
 from ..scenarios import SECRET, Scenario
 from ..servers import free_port
-from .conftest import C, cli, cli_rows, no_traceback, on_rows, prefix, rows_without, with_defects
+from .conftest import C, cli, cli_rows, no_traceback, on_rows, prefix, rows_without
 
 LS_KEYS = {"name", "kind", "token", "last_token", "ttl_left", "waiters", "holders"}
 HOLDER_KEYS = {"host", "pid", "task", "data", "since", "waiting"}
@@ -109,8 +109,9 @@ async def test_ls_json_shape_and_agreement_with_scan_and_status(scenario: Scenar
         assert r["last_token"] == info.last_token, (r, info)
         assert len(r["holders"]) == len(info.held_by), (r, info)
         assert sorted(h["data"] for h in r["holders"]) == sorted(x.data for x in info.held_by), (r, info)
-        assert sorted((h["task"] or "") for h in r["holders"]) == \
-            sorted((x.task or "") for x in info.held_by), (r, info)
+        assert sorted((h["task"] or "") for h in r["holders"]) == sorted(
+            (x.task or "") for x in info.held_by
+        ), (r, info)
     by = {r["name"]: r for r in rows}
     a = by[p + "lock"]
     assert a["token"] == lock.token == status.token, (a, status)
@@ -131,10 +132,27 @@ async def test_ls_json_shape_and_agreement_with_scan_and_status(scenario: Scenar
 
 
 #: (name suffix, the prefixes that must list it, among every name below)
-ODD = ["a_b", "aXb", "a%b", "a*b", "a?b", "a[b]", "a{b}", "a\\b", "a!b", "ab", "a", "a/b/c",
-       "a.b", "a b", "ключ-🔒-名前", "a\u00e9"]
+ODD = [
+    "a_b",
+    "aXb",
+    "a%b",
+    "a*b",
+    "a?b",
+    "a[b]",
+    "a{b}",
+    "a\\b",
+    "a!b",
+    "ab",
+    "a",
+    "a/b/c",
+    "a.b",
+    "a b",
+    "ключ-🔒-名前",
+    "a\u00e9",
+]
 
 
+@pytest.mark.slow  # (about 25 s of the suite; ./test.sh -m slow)
 @on_rows(C.SCAN)
 async def test_ls_prefix_is_exact_with_special_characters(scenario: Scenario, backend_url: str) -> None:
     """PREFIX selects exactly the names that start with it, as a string: ``_`` and ``%``
@@ -147,15 +165,24 @@ async def test_ls_prefix_is_exact_with_special_characters(scenario: Scenario, ba
         try:
             # the command line, on a few of them (each is a process)
             checks = [p + "a_", p + "a%", p + "a[", p + "ключ", p + "zz"]
-            runs = await asyncio.gather(*(cli("ls", "--json", "--url", backend_url, q, timeout=40)
-                                          for q in checks))
+            runs = await asyncio.gather(
+                *(cli("ls", "--json", "--url", backend_url, q, timeout=40) for q in checks)
+            )
             for q, ran in zip(checks, runs, strict=True):
                 assert ran.code == 0, (q, ran)
                 got = sorted(r["name"] for r in parse_json_lines(ran.out))
                 assert got == sorted(n for n in names if n.startswith(q)), (q, ran.out)
             # scan(), which ls reports, on every prefix
-            for q in [p + s for s in ODD] + [p + "a*", p + "a?", p + "a\\", p + "a!", p + "a{",
-                                             p + "a/", p + "a.", p + "a "]:
+            for q in [p + s for s in ODD] + [
+                p + "a*",
+                p + "a?",
+                p + "a\\",
+                p + "a!",
+                p + "a{",
+                p + "a/",
+                p + "a.",
+                p + "a ",
+            ]:
                 got = sorted([i.name async for i in locks.scan(q)])
                 assert got == sorted(n for n in names if n.startswith(q)), q
             ran = await cli("ls", "--json", "--url", backend_url, p, timeout=40)
@@ -196,7 +223,7 @@ async def test_ls_plain_one_line_per_name(scenario: Scenario, backend_url: str) 
         assert len(mine) == 1, (n, ran.out)
         line = mine[0]
         assert "lock" in line and f"data-{i}-{tag}" in line, (n, ran.out)
-        assert str(leases[i].token) in line[len(n):], (n, ran.out)
+        assert str(leases[i].token) in line[len(n) :], (n, ran.out)
     assert "outside" not in ran.out and "zz" + p not in ran.out, ran.out
     # the name with a newline: one line, no forged line starting with its second half
     assert sum("newline" + tag in line for line in lines) == 1, ran.out
@@ -207,8 +234,9 @@ async def test_ls_plain_one_line_per_name(scenario: Scenario, backend_url: str) 
 
 @pytest.mark.parametrize("scenario", rows_without(C.SCAN), indirect=True)
 @pytest.mark.parametrize("cmd", [["ls"], ["ls", "--json"], ["top", "--interval", "0.5"]])
-async def test_ls_and_top_refused_where_backend_cannot_list(scenario: Scenario, backend_url: str,
-                                                            cmd: list[str]) -> None:
+async def test_ls_and_top_refused_where_backend_cannot_list(
+    scenario: Scenario, backend_url: str, cmd: list[str]
+) -> None:
     """Without ``Capability.SCAN``: it says so (one line, stderr) and exits 2."""
     ran = await cli(*cmd, "--url", backend_url, timeout=40)
     assert ran.code == 2, ran
@@ -222,15 +250,12 @@ def unreachable(scenario: Scenario) -> str:
     return scenario.bad_url.format(free_port(), free_port(), free_port())
 
 
-REDLOCK_LINES = ("DEFECT: on redlock:// with unreachable nodes, ls/revoke print one log line per node "
-                 "('redlock: node redis://... is unreachable (...)') before the error: 4 lines on "
-                 "stderr, not the one line the docs promise")
-
-
-@pytest.mark.parametrize("scenario", with_defects(cli_rows(C.SCAN), {"redlock": REDLOCK_LINES}),
-                         indirect=True)
-async def test_unreachable_server_exit_69_one_line_no_password(scenario: Scenario, term: Any,
-                                                                tmp_path: Any) -> None:
+# Found: redlock:// with unreachable nodes printed one log line per node before the
+# error (4 lines on stderr, not one). Fixed since.
+@pytest.mark.parametrize("scenario", cli_rows(C.SCAN), indirect=True)
+async def test_unreachable_server_exit_69_one_line_no_password(
+    scenario: Scenario, term: Any, tmp_path: Any
+) -> None:
     """``ls``, ``ls --json``, ``revoke`` and ``top`` (in a terminal) on an unreachable
     server: exit 69 in bounded time, a message, no traceback, never the URL's password;
     ``ls``/``revoke``: one line on stderr, nothing on stdout."""
@@ -261,15 +286,20 @@ async def test_unreachable_server_exit_69_one_line_no_password(scenario: Scenari
         assert len(lines) == 1, (c, ran.err)
 
 
-@pytest.mark.parametrize("scenario", [s for s in cli_rows(C.SCAN) if s.values[0].id.startswith(("redis", "redlock"))],
-                         indirect=True)
+@pytest.mark.parametrize(
+    "scenario",
+    [s for s in cli_rows(C.SCAN) if s.values[0].id.startswith(("redis", "redlock"))],
+    indirect=True,
+)
 async def test_ls_lists_more_names_than_one_scan_step(scenario: Scenario, backend_url: str) -> None:
     """Redis lists with ``SCAN``, 1,000 keys a step: every held name is listed, however
     many steps the walk takes."""
     p = prefix()
     n = 1100
     async with aiolock.connect(backend_url) as locks:
-        leases = await asyncio.gather(*(locks.lock(f"{p}{i:04d}", ttl=30).acquire(timeout=20) for i in range(n)))
+        leases = await asyncio.gather(
+            *(locks.lock(f"{p}{i:04d}", ttl=30).acquire(timeout=20) for i in range(n))
+        )
         try:
             ran = await cli("ls", "--json", "--url", backend_url, p, timeout=60)
         finally:

@@ -34,6 +34,7 @@ async def lost_within(lease: aiolock.Lease, seconds: float) -> float:
     return time.monotonic() - t0
 
 
+@pytest.mark.slow  # (about 25 s of the suite; ./test.sh -m slow)
 @on_rows(C.REVOKE)
 async def test_revoke_exit_codes_every_kind_and_only_that_name(scenario: Scenario, backend_url: str) -> None:
     p = prefix()
@@ -64,8 +65,10 @@ async def test_revoke_exit_codes_every_kind_and_only_that_name(scenario: Scenari
             sem = other.semaphore(target, 3, ttl=TTL)
             victims += [await asyncio.create_task(sem.acquire(timeout=10)) for _ in range(2)]
         # names the target is a prefix of, or that contain it: untouched
-        bystanders = [await other.lock(n, ttl=TTL).acquire(timeout=10)
-                      for n in (target + ":1", target + "y", target + "*", "z" + target)]
+        bystanders = [
+            await other.lock(n, ttl=TTL).acquire(timeout=10)
+            for n in (target + ":1", target + "y", target + "*", "z" + target)
+        ]
         before = {b.name: (await locks.status(b.name)).token for b in bystanders}
 
         ran = await cli("revoke", "--url", backend_url, target, timeout=40)
@@ -88,8 +91,7 @@ async def test_revoke_exit_codes_every_kind_and_only_that_name(scenario: Scenari
         for b in bystanders:
             assert not b.lost, f"revoking {target!r} revoked {b.name!r} too"
             assert (await locks.status(b.name)).token == before[b.name], b.name
-        listed = await cli("ls", "--json", "--url", backend_url, p, timeout=40) \
-            if C.SCAN in caps else None
+        listed = await cli("ls", "--json", "--url", backend_url, p, timeout=40) if C.SCAN in caps else None
 
         again = await cli("revoke", "--url", backend_url, target, timeout=40)
         assert again.code == 1, again
@@ -137,7 +139,9 @@ async def test_revoke_exit_0_for_a_name_held_in_one_kind_only(scenario: Scenario
     async with aiolock.connect(backend_url) as locks:
         held: dict[str, list[aiolock.Lease]] = {}
         if C.ELECTION in caps:
-            held[p + "elect"] = [await locks.election(p + "elect", ttl=TTL).campaign(data="l").acquire(timeout=10)]
+            held[p + "elect"] = [
+                await locks.election(p + "elect", ttl=TTL).campaign(data="l").acquire(timeout=10)
+            ]
         if C.SEMAPHORE in caps:
             sem = locks.semaphore(p + "sem", 2, ttl=TTL)
             held[p + "sem"] = [await asyncio.create_task(sem.acquire(timeout=10)) for _ in range(2)]

@@ -29,7 +29,7 @@ from .conftest import (
     cli,
     cli_rows,
     no_traceback,
-    on_rows,
+    on_screen_rows,
     passwords,
     prefix,
     row_lines,
@@ -50,9 +50,10 @@ def first_line(screen: str) -> str:
     return lines[0] if lines else ""
 
 
-@on_rows(C.SCAN)
-async def test_top_live_view(scenario: Scenario, backend_url: str, term: Callable[..., Term],
-                             tmp_path: Path) -> None:
+@on_screen_rows(C.SCAN)
+async def test_top_live_view(
+    scenario: Scenario, backend_url: str, term: Callable[..., Term], tmp_path: Path
+) -> None:
     p = prefix()
     t = term(170, 45)
     me = f"{socket.gethostname()}:{os.getpid()}"
@@ -69,18 +70,23 @@ async def test_top_live_view(scenario: Scenario, backend_url: str, term: Callabl
             extra += [await asyncio.create_task(sem.acquire(timeout=10)) for _ in range(2)]
             held[p + "gpu-slots"] = "semaphore"
         if C.ELECTION in caps:
-            extra.append(await locks.election(p + "scheduler", ttl=20).campaign(
-                data="host-a:8080").acquire(timeout=10))
+            extra.append(
+                await locks.election(p + "scheduler", ttl=20).campaign(data="host-a:8080").acquire(timeout=10)
+            )
             held[p + "scheduler"] = "election"
         outside = await other.lock("zz" + p, ttl=20).acquire(timeout=10)
 
         lock_row = re.compile(rf"{re.escape(p)}orders:42\s+lock\s+{lease.token}\s+1\s")
 
         def all_shown(s: str) -> bool:  # the WAIT column and the header count the waiter
-            return all(row_lines(s, n) for n in held) and f"{len(held)} held" in first_line(s) \
-                and "1 waiting" in first_line(s) \
-                and any("request 7f3a" in line and lock_row.match(line)
-                        for line in row_lines(s, p + "orders:42"))
+            return (
+                all(row_lines(s, n) for n in held)
+                and f"{len(held)} held" in first_line(s)
+                and "1 waiting" in first_line(s)
+                and any(
+                    "request 7f3a" in line and lock_row.match(line) for line in row_lines(s, p + "orders:42")
+                )
+            )
 
         screen = await t.wait(all_shown, "every held name, one waiter", within=15)
         (row,) = row_lines(screen, p + "orders:42")
@@ -109,10 +115,16 @@ async def test_top_live_view(scenario: Scenario, backend_url: str, term: Callabl
         ran = await cli("revoke", "--url", backend_url, p + "orders:42", timeout=40)
         assert ran.code == 0, ran
         screen = await t.wait(
-            lambda s: any(p + "orders:42" in line and str(lease.token) in line
-                          and ("gone" in line or "->" in line or "changed" in line)
-                          for line in s.splitlines() if not line.startswith(p)),
-            "the revocation among the recent changes", within=SHOWS_WITHIN + 20 / 3)
+            lambda s: any(
+                p + "orders:42" in line
+                and str(lease.token) in line
+                and ("gone" in line or "->" in line or "changed" in line)
+                for line in s.splitlines()
+                if not line.startswith(p)
+            ),
+            "the revocation among the recent changes",
+            within=SHOWS_WITHIN + 20 / 3,
+        )
         with contextlib.suppress(asyncio.CancelledError, aiolock.LockError):
             waiter.cancel()
             got = await waiter
@@ -126,9 +138,14 @@ async def test_top_live_view(scenario: Scenario, backend_url: str, term: Callabl
             vname = victim.name
             t0 = time.monotonic()
             await victim.release()
-            await t.wait(lambda s: not row_lines(s, vname)
-                         and any(vname in line and "gone" in line for line in s.splitlines()),
-                         f"{vname} gone", within=SHOWS_WITHIN)
+            await t.wait(
+                lambda s: (
+                    not row_lines(s, vname)
+                    and any(vname in line and "gone" in line for line in s.splitlines())
+                ),
+                f"{vname} gone",
+                within=SHOWS_WITHIN,
+            )
             assert time.monotonic() - t0 < SHOWS_WITHIN
         for e in extra[:-1]:
             await e.release()
@@ -139,7 +156,9 @@ async def test_top_live_view(scenario: Scenario, backend_url: str, term: Callabl
             again = re.search(r"updated (\d\d:\d\d:\d\d)", first_line(s))
             return bool(again) and again.group(1) != stamp.group(1)
 
-        later = await t.wait(moved, "the header's clock moving", within=max(0.5, 2.5 - (time.monotonic() - t_stamp)))
+        later = await t.wait(
+            moved, "the header's clock moving", within=max(0.5, 2.5 - (time.monotonic() - t_stamp))
+        )
         assert "aiolock top" in first_line(later) and later.count("q quits") == 1, later
 
         t.keys("q")
@@ -150,9 +169,10 @@ async def test_top_live_view(scenario: Scenario, backend_url: str, term: Callabl
     no_traceback(final)
 
 
-@on_rows(C.SCAN)
-async def test_top_token_change_and_expiry(scenario: Scenario, backend_url: str, term: Callable[..., Term],
-                                           tmp_path: Path) -> None:
+@on_screen_rows(C.SCAN)
+async def test_top_token_change_and_expiry(
+    scenario: Scenario, backend_url: str, term: Callable[..., Term], tmp_path: Path
+) -> None:
     """A name taken again by another holder shows its new token and data; a lease that
     runs out unrenewed is reported as expired (its time had run out)."""
     p = prefix()
@@ -161,27 +181,43 @@ async def test_top_token_change_and_expiry(scenario: Scenario, backend_url: str,
     async with aiolock.connect(backend_url) as locks, aiolock.connect(backend_url) as other:
         await t.wait(lambda s: "q quits" in s, "the header")
         first = await locks.lock(p + "hands", ttl=20, data="first-holder").acquire(timeout=10)
-        await t.wait(lambda s: any("first-holder" in line for line in row_lines(s, p + "hands")),
-                     "the first holder")
+        await t.wait(
+            lambda s: any("first-holder" in line for line in row_lines(s, p + "hands")), "the first holder"
+        )
         await first.release()
         second = await other.lock(p + "hands", ttl=20, data="second-holder").acquire(timeout=10)
         assert second.token > first.token
         screen = await t.wait(
-            lambda s: any("second-holder" in line and f" {second.token} " in line
-                          for line in row_lines(s, p + "hands"))
-            and any(p + "hands" in line and str(first.token) in line
+            lambda s: (
+                any(
+                    "second-holder" in line and f" {second.token} " in line
+                    for line in row_lines(s, p + "hands")
+                )
+                and any(
+                    p + "hands" in line
+                    and str(first.token) in line
                     and ("gone" in line or "->" in line or "changed" in line)
-                    for line in s.splitlines() if not line.startswith(p + "hands ")),
-            "the new holder and the change", within=SHOWS_WITHIN)
+                    for line in s.splitlines()
+                    if not line.startswith(p + "hands ")
+                )
+            ),
+            "the new holder and the change",
+            within=SHOWS_WITHIN,
+        )
         assert not any("first-holder" in line for line in row_lines(screen, p + "hands")), screen
 
         # a whole number of seconds: etcd's leases are whole seconds
         short = await locks.lock(p + "short", ttl=2.0, watchdog=False, data="unrenewed").acquire(timeout=10)
         await t.wait(lambda s: bool(row_lines(s, p + "short")), "the short lease")
         within = scenario.dead_holder(2.0) + SHOWS_WITHIN + 1
-        screen = await t.wait(lambda s: not row_lines(s, p + "short")
-                              and any(p + "short" in line and "gone" in line for line in s.splitlines()),
-                              "the expired lease gone", within=within)
+        screen = await t.wait(
+            lambda s: (
+                not row_lines(s, p + "short")
+                and any(p + "short" in line and "gone" in line for line in s.splitlines())
+            ),
+            "the expired lease gone",
+            within=within,
+        )
         (change,) = [line for line in screen.splitlines() if p + "short" in line and "gone" in line]
         assert "expired" in change, change
         if not scenario.id.startswith("etcd"):
@@ -195,9 +231,10 @@ async def test_top_token_change_and_expiry(scenario: Scenario, backend_url: str,
         assert await t.wait_exit(5) == 0
 
 
-@on_rows(C.SCAN)
-async def test_top_many_names_short_then_narrow_terminal(scenario: Scenario, backend_url: str,
-                                                         term: Callable[..., Term], tmp_path: Path) -> None:
+@on_screen_rows(C.SCAN)
+async def test_top_many_names_short_then_narrow_terminal(
+    scenario: Scenario, backend_url: str, term: Callable[..., Term], tmp_path: Path
+) -> None:
     """More names than fit: the header stays on the first line (redrawn in place, not
     scrolled), the count is right; resized to 60 columns it keeps running; q quits."""
     p = prefix()
@@ -205,8 +242,12 @@ async def test_top_many_names_short_then_narrow_terminal(scenario: Scenario, bac
     t = term(170, 12)
     t.top(tmp_path / "status", "--url", backend_url, "--interval", str(INTERVAL), p)
     async with aiolock.connect(backend_url) as locks:
-        leases = await asyncio.gather(*(locks.lock(f"{p}n{i:02d}-" + "w" * 40, ttl=20, data=f"d{i}")
-                                        .acquire(timeout=15) for i in range(n)))
+        leases = await asyncio.gather(
+            *(
+                locks.lock(f"{p}n{i:02d}-" + "w" * 40, ttl=20, data=f"d{i}").acquire(timeout=15)
+                for i in range(n)
+            )
+        )
         screen = await t.wait(lambda s: f"{n} held" in s, f"{n} held", within=20)
         await asyncio.sleep(3 * INTERVAL)
         screen = t.screen()
@@ -228,8 +269,9 @@ async def test_top_many_names_short_then_narrow_terminal(scenario: Scenario, bac
             await lease.release()
 
 
-async def _odd_names_shown(backend_url: str, term: Callable[..., Term], tmp_path: Path,
-                           names: dict[str, str]) -> None:
+async def _odd_names_shown(
+    backend_url: str, term: Callable[..., Term], tmp_path: Path, names: dict[str, str]
+) -> None:
     p = prefix()
     names = {p + n: d for n, d in names.items()}
     t = term(170, 30)
@@ -250,35 +292,36 @@ async def _odd_names_shown(backend_url: str, term: Callable[..., Term], tmp_path
         no_traceback(t.screen())
 
 
-@on_rows(C.SCAN)
-async def test_top_shows_non_ascii_names_and_data(scenario: Scenario, backend_url: str,
-                                                  term: Callable[..., Term], tmp_path: Path) -> None:
+@on_screen_rows(C.SCAN)
+async def test_top_shows_non_ascii_names_and_data(
+    scenario: Scenario, backend_url: str, term: Callable[..., Term], tmp_path: Path
+) -> None:
     """Names and data with non-ASCII (accented, Cyrillic, CJK) and LIKE/glob characters
     are shown as they are."""
-    await _odd_names_shown(backend_url, term, tmp_path,
-                           {"naïve-ключ-名前": "données ✓", "a\\b%_*?": "x%_*\\y"})
+    await _odd_names_shown(
+        backend_url, term, tmp_path, {"naïve-ключ-名前": "données ✓", "a\\b%_*?": "x%_*\\y"}
+    )
 
 
-MARKUP = ("DEFECT: top renders names and holder data as rich markup: a lock named '[bold]x[/bold]' "
-          "with data '[red]d[/red]' shows as 'x' / 'd', and a name or data '[/]' makes top exit 1 "
-          "with a rich.errors.MarkupError traceback on the screen (docs: names are any string; "
-          "errors are one line, never a traceback)")
-
-
-@pytest.mark.xfail(strict=False, reason=MARKUP)
-@on_rows(C.SCAN)
-async def test_top_shows_markup_like_names_and_data_literally(scenario: Scenario, backend_url: str,
-                                                              term: Callable[..., Term],
-                                                              tmp_path: Path) -> None:
+# Found: top rendered names and holder data as rich markup ('[bold]x[/bold]' showed as
+# 'x'; '[/]' made it exit 1 with a MarkupError traceback). Fixed since.
+@on_screen_rows(C.SCAN)
+async def test_top_shows_markup_like_names_and_data_literally(
+    scenario: Scenario, backend_url: str, term: Callable[..., Term], tmp_path: Path
+) -> None:
     """Names are any string (README): one that looks like rich markup (``[bold]``, a lone
     ``[/]``) is shown as it is, never interpreted, never fatal (no traceback)."""
-    await _odd_names_shown(backend_url, term, tmp_path,
-                           {"[bold]x[/bold]": "[red]d[/red]", "[/]": "[/]",
-                            "l": "[link=http://x]l[/link]"})
+    await _odd_names_shown(
+        backend_url,
+        term,
+        tmp_path,
+        {"[bold]x[/bold]": "[red]d[/red]", "[/]": "[/]", "l": "[link=http://x]l[/link]"},
+    )
 
 
-async def test_q_quits_promptly_and_ctrl_c_exits_130(redis_server: RedisServer, term: Callable[..., Term],
-                                                     tmp_path: Path) -> None:
+async def test_q_quits_promptly_and_ctrl_c_exits_130(
+    redis_server: RedisServer, term: Callable[..., Term], tmp_path: Path
+) -> None:
     """q quits at once even with a long --interval (exit 0); Ctrl-C exits 130 without a
     traceback."""
     t = term(120, 20)
@@ -324,11 +367,18 @@ def secret_url(scenario: Scenario, backend_url: str, request: pytest.FixtureRequ
     pytest.skip(f"no password-protected server for {scenario.id}")
 
 
-@pytest.mark.parametrize("scenario", [s for s in cli_rows(C.SCAN)
-                                      if s.values[0].id in ("redis", "postgres", "mysql", "zookeeper")],
-                         indirect=True)
-async def test_password_never_shown(scenario: Scenario, backend_url: str, term: Callable[..., Term],
-                                    tmp_path: Path, request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize(
+    "scenario",
+    [s for s in cli_rows(C.SCAN) if s.values[0].id in ("redis", "postgres", "mysql", "zookeeper")],
+    indirect=True,
+)
+async def test_password_never_shown(
+    scenario: Scenario,
+    backend_url: str,
+    term: Callable[..., Term],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
     """No screen of top, no ls / ls --json / revoke output shows the URL's password."""
     url = secret_url(scenario, backend_url, request)
     (pw,) = passwords(url)
@@ -339,14 +389,18 @@ async def test_password_never_shown(scenario: Scenario, backend_url: str, term: 
         lease = await locks.lock(p + "held", ttl=20, data="visible-data").acquire(timeout=10)
         screen = await t.wait(lambda s: bool(row_lines(s, p + "held")), "the held name")
         assert pw not in screen, screen
-        runs = await asyncio.gather(cli("ls", "--url", url, p), cli("ls", "--json", "--url", url, p),
-                                    cli("revoke", "--url", url, p + "held"),
-                                    cli("revoke", "--url", url, p + "nothing"))
+        runs = await asyncio.gather(
+            cli("ls", "--url", url, p),
+            cli("ls", "--json", "--url", url, p),
+            cli("revoke", "--url", url, p + "held"),
+            cli("revoke", "--url", url, p + "nothing"),
+        )
         assert [r.code for r in runs] == [0, 0, 0, 1], runs
         for r in runs:
             assert pw not in r.out + r.err, r
-        await t.wait(lambda s: not row_lines(s, p + "held"), "the revoked name gone",
-                     within=SHOWS_WITHIN + 20 / 3)
+        await t.wait(
+            lambda s: not row_lines(s, p + "held"), "the revoked name gone", within=SHOWS_WITHIN + 20 / 3
+        )
         assert pw not in t.screen()
         t.keys("q")
         assert await t.wait_exit(5) == 0
