@@ -228,20 +228,18 @@ class _Engine:
         """Best-effort: drop ``claim`` on the server (released, dequeued, barred); a
         quick failure (a connection being reopened) is tried once more, a moment later:
         a claim left behind holds its name for a whole ttl."""
-        started = time.monotonic()
-        try:
-            await self.backend.abandon(claim)
-            return
-        except BackendUnavailable as exc:
-            if time.monotonic() - started > QUICK_FAILURE:
-                return _not_abandoned(claim, exc)
-        except Exception as exc:
-            return _not_abandoned(claim, exc)
-        await asyncio.sleep(0.05)
-        try:
-            await self.backend.abandon(claim)
-        except Exception as exc:
-            _not_abandoned(claim, exc)
+        for last in (False, True):
+            started = time.monotonic()
+            try:
+                await self.backend.abandon(claim)
+                return
+            except Exception as exc:
+                quick = isinstance(exc, BackendUnavailable) and time.monotonic() - started <= QUICK_FAILURE
+                if last or not quick:
+                    log.warning("could not clean up claim on %r: %s (it expires by its ttl)",
+                                claim.name, exc)
+                    return
+            await asyncio.sleep(0.05)
 
     # -- per-name state -------------------------------------------------------------------
 
@@ -451,7 +449,3 @@ class _Engine:
         self._locals.clear()
         self.watchdog.drop_all()
         self.closed = True
-
-
-def _not_abandoned(claim: Claim, exc: Exception) -> None:
-    log.warning("could not clean up claim on %r: %s (it expires by its ttl)", claim.name, exc)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["in_own_task"]
+__all__ = ["cancelled_by_close", "in_own_task"]
 
 T = TypeVar("T")
 
@@ -26,3 +26,11 @@ async def in_own_task(request: Awaitable[T], orphan: Callable[[asyncio.Future[T]
         orphan(inner)
         raise
     return inner.result()
+
+
+def cancelled_by_close(request: asyncio.Future[Any], closed: bool) -> bool:
+    """Whether the CancelledError that awaiting ``request`` raised came from a close that
+    cancelled ``request`` (``closed``), not from a cancellation of the caller: then the
+    caller gets a LockError ("closed"), else its CancelledError goes on."""
+    caller = asyncio.current_task()
+    return closed and request.cancelled() and not (caller is not None and caller.cancelling())

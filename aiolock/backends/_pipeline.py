@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from ._own_task import cancelled_by_close
+
 __all__ = ["PipelinedClient", "PipelinedProtocol"]
 
 _generations = itertools.count(1)
@@ -226,9 +228,8 @@ class PipelinedClient(abc.ABC, Generic[P]):
         try:
             self._proto = await asyncio.shield(connecting)
         except asyncio.CancelledError:
-            caller = asyncio.current_task()
-            if self._closed and connecting.cancelled() and not (caller and caller.cancelling()):
-                raise ConnectionError("this connection was closed") from None  # by aclose()
+            if cancelled_by_close(connecting, self._closed):
+                raise ConnectionError("this connection was closed") from None
             raise
         finally:
             if self._connecting is not None and self._connecting.done():

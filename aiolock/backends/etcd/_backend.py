@@ -199,7 +199,6 @@ class EtcdBackend(Operators, Backend):
                 await self._conn.unary("Lease", "LeaseRevoke", revoke, "an acquire")
 
     async def _granted(self, claim: Claim, st: ClaimState, started: float) -> Granted | None:
-        _check_not_abandoned(claim, st)
         if st.left_ms(claim.ttl_ms, started) < claim.ttl_ms / 2 and not await self._leases.refresh(st):
             await self._drop_lease(claim, st)
             return None
@@ -213,8 +212,7 @@ class EtcdBackend(Operators, Backend):
     async def _queued(self, claim: Claim, st: ClaimState) -> Busy | None:
         """Waiting: keep our own lease (our place in the queue) alive, and say when to
         look again."""
-        _check_not_abandoned(claim, st)
-        assert st.lease is not None  # (only abandon() forgets a claim while it is asked)
+        assert st.lease is not None  # (abandoned meanwhile: _attempt raised already)
         lease = st.lease
         due = st.left_ms(claim.ttl_ms, time.monotonic()) < lease.granted * 1000 * 2 / 3
         if due and not await self._leases.refresh(st):

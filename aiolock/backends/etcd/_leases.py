@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import BackendUnavailable, LockError
+from .._own_task import cancelled_by_close
 from ._claim import ClaimState, EtcdLease
 from ._connection import Connection, LeaseGone
 from ._recipe import lease_seconds
@@ -234,9 +235,7 @@ class LeaseSession:
             try:
                 lease = await asyncio.shield(task)
             except asyncio.CancelledError:
-                me = asyncio.current_task()
-                if task.cancelled() and (me is None or not me.cancelling()):
-                    # the grant was cancelled, not this task: aclose() ran meanwhile
+                if cancelled_by_close(task, self._conn.closed):  # the grant, by aclose()
                     raise self._conn.closed_error() from None
                 raise
             if not lease.lost:

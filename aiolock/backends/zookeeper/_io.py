@@ -19,7 +19,7 @@ from aiozk.states import States
 
 from ...abc import Backend, Claim, Waiter
 from ...errors import AccessDenied, BackendUnavailable, LockError
-from .._own_task import in_own_task
+from .._own_task import cancelled_by_close, in_own_task
 from ._claim import state_of
 from ._options import check_chroot, check_hosts, credentials, node_acl
 from ._recipe import encode_data, zk_name
@@ -133,8 +133,7 @@ class _Io(Backend):
             try:
                 await in_own_task(starting, lambda task: task.cancel())
             except asyncio.CancelledError:
-                caller = asyncio.current_task()
-                if self._closed and starting.cancelled() and not (caller and caller.cancelling()):
+                if cancelled_by_close(starting, self._closed):
                     raise LockError(f"this connection to {self.url} was closed while connecting") from None
                 raise
             finally:
