@@ -552,15 +552,7 @@ async def test_busy_process_does_not_starve_other_path(server: Any, name: str, b
     assert max(runs) <= 100, runs
 
 
-@pytest.mark.parametrize("waiter", [
-    "lua",
-    pytest.param("txn", marks=pytest.mark.xfail(strict=False, reason=(
-        "flaky: a transaction-path waiter behind a busy Lua-path connection (4 tasks) saw "
-        "that connection take the lock 10-13 times per wait as a rule (5 for a Lua-path "
-        "waiter, the README's k x 5 bound), and 20-56 times in 10-20 ms about once in 20 "
-        "waits: max > 10 in 10 of 10 runs 16:00-16:08 UTC; 5-8 per wait (pass) in 6 of 6 "
-        "runs at 16:13"))),
-])
+@pytest.mark.parametrize("waiter", ["lua", "txn"])
 async def test_busy_lua_process_local_handoffs_bounded(server: Any, name: str, waiter: str) -> None:
     """README: while another process waits, a release hands the lock to the next local
     waiter at most 4 times in a row; a waiting process with k processes ahead gets it within

@@ -35,7 +35,9 @@ it), renewals and releases in slots of their own (:data:`URGENT`):
   wakes it; it asks, and finds itself the owner), and on the lock's channel. An aborted
   ``EXEC`` (another client changed a watched key) is retried up to
   :data:`MAX_CONFLICTS` times, then answered :class:`~aiolock.abc.Busy`: the core's
-  waiting retries;
+  waiting retries; a registration aborted because the lock changed hands is made again
+  watching only the waiter key (:meth:`RedisTxnBackend._tx_register_held`), so a waiter
+  is queued even while a busy process takes the lock over and over;
 * renew: ``WATCH`` every claim's hash, read their owners, ``PEXPIRE`` those still held in
   one ``MULTI``/``EXEC``; a claim no longer held whose waiter key carries the revocation
   mark ``v`` (``force_release`` on either path) is answered :data:`~aiolock.abc.REVOKED`;
@@ -269,10 +271,13 @@ class RedisTxnBackend(RedisBackend):
                             raise
                         self._no_register(exc)
                         return Busy(CONFLICT_PAUSE)  # (the connection is closed after)
+                    if busy is None:  # the lock changed hands meanwhile: register anyway
+                        self.conflicts += 1
+                        busy = await self._tx_register_held(conn, claim, base, mine, queue,
+                                                            value, entry)
                     if busy is not None:
                         return busy
-                    self.conflicts += 1
-                    continue
+                    continue  # the lock looked free, or the claim's key changed: again
                 token = int(last or 0) + 1
                 # registered (or an entry left): leave the queue as it takes the lock
                 leave = (*((("LREM", queue, 1, entry),) if queued or x is not None else ()),
@@ -311,6 +316,36 @@ class RedisTxnBackend(RedisBackend):
         refresh = wttl // 3
         retry = min(pttl, refresh) if first else refresh
         return Busy(max(retry, 1) / 1000)
+
+    async def _tx_register_held(
+        self, conn: Lent, claim: Claim, base: str, mine: str, queue: str, value: str, entry: str,
+    ) -> Granted | Busy | None:
+        """Register while the lock keeps changing hands (a busy process taking it over and
+        over aborts every registration that watches the lock hash, and so was never
+        queued, never handed the lock: starved). Watch only the claim's waiter key, then
+        read the owner: a hand-over to this claim (which deletes that key) or a tombstone
+        (which sets it) aborts the EXEC or shows in the reads; the lock's other changes
+        do not matter to a registration. Granted if the lock is already this claim's;
+        None if it looked free, or the EXEC aborted: the caller's loop tries again."""
+        # (the aborted EXEC before this ended every WATCH)
+        _, (owner, token), pttl, mark, at = await conn.run(
+            ("WATCH", mine), ("HMGET", base, "owner", "token"), ("PTTL", base), ("GET", mine),
+            ("LPOS", queue, entry),
+        )
+        if owner is not None and _text(owner) == claim.owner and int(pttl) > 0:
+            await conn.unwatch()
+            return Granted(int(token), int(pttl))
+        x = None if mark is None else _text(mark)
+        if x is not None and x != "v" and _registration(x) is None:
+            await conn.unwatch()  # a tombstone or a release marker
+            raise LockError(f"claim on {claim.name!r} was abandoned")
+        if owner is None or int(pttl) <= 0:
+            await conn.unwatch()
+            return None
+        busy = await self._tx_register(conn, claim, mine, queue, value, entry, at, int(pttl))
+        if busy is None:
+            self.conflicts += 1
+        return busy
 
     def _registration_of(self, claim: Claim) -> str:
         """``claim``'s registration, as the Lua ACQUIRE writes it: ``<lease ttl ms>|
