@@ -263,6 +263,7 @@ class RedisTxnBackend(RedisBackend):
                     if not waits:
                         await conn.unwatch()
                         return Busy(max(int(pttl), 1) / 1000)
+                    busy: Granted | Busy | None
                     try:
                         busy = await self._tx_register(conn, claim, mine, queue, value,
                                                        entry, place, int(pttl))
