@@ -52,11 +52,16 @@ class MariaDBServer(DatabaseServer):
         self.exe = exe
         self.client = client
         self.socket = self.dir / "mysqld.sock"
-        subprocess.run(
+        done = subprocess.run(
             [install, "--no-defaults", f"--datadir={self.data}", f"--user={self.os_user}",
-             "--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve"],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=self.dir,
+             "--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve",
+             # its bootstrap server's temporary tables too (concurrent installs sharing
+             # /tmp failed: "Could not remove temporary table: '/tmp/#sql-temptable-...'")
+             f"--tmpdir={self.dir}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=self.dir, text=True,
         )
+        if done.returncode != 0:
+            raise RuntimeError(f"{install} failed ({done.returncode}): {done.stderr[-2000:]}")
         self._created = False
 
     @property
