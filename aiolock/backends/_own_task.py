@@ -2,7 +2,7 @@
 caller reaches the caller as the CancelledError its canceller made, whatever the library
 does with the one it receives (grpc.aio re-raises a new one without the message, by which
 anyio's cancel scopes know theirs; asyncpg cancelled mid-handshake leaves a future failing
-unseen)."""
+unseen); cancelling a task until it ends."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-__all__ = ["cancelled_by_close", "in_own_task"]
+__all__ = ["cancel_until_done", "cancelled_by_close", "in_own_task"]
+
+#: Seconds between the cancellations of :func:`cancel_until_done`.
+RECANCEL_S = 0.05
 
 T = TypeVar("T")
 
@@ -34,3 +37,13 @@ def cancelled_by_close(request: asyncio.Future[Any], closed: bool) -> bool:
     caller gets a LockError ("closed"), else its CancelledError goes on."""
     caller = asyncio.current_task()
     return closed and request.cancelled() and not (caller is not None and caller.cancelling())
+
+
+async def cancel_until_done(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` and wait until it has ended, cancelling it again every
+    :data:`RECANCEL_S` while it runs on: a client library may absorb a cancellation (asyncmy
+    was seen reading on for seconds after one), as anyio's cancel scopes assume too. The
+    caller bounds the wait."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait((task,), timeout=RECANCEL_S)

@@ -176,6 +176,7 @@ class RedisClusterBackend(RedisBackend):
         self._cluster = cluster
         self._raw_call = self._cluster_call  # through _limited_call (see RedisBackend)
         self._direct: dict[tuple[str, int], RespClient] = {}  # see _renew_direct
+        self._closing = False
         self._direct_ok = True  # no option that our direct connections cannot honour
 
     @classmethod
@@ -270,6 +271,8 @@ class RedisClusterBackend(RedisBackend):
             raise rexc.ConnectionError(f"connection to a restarting node: {exc}") from exc
 
     async def _send(self, args: tuple[Any, ...]) -> Any:
+        if self._closing:  # (checked with no await before the client's initialize())
+            raise LockError(f"this backend for {self._url} is closed")
         if args[:2] == ("SCRIPT", "LOAD"):
             return await self._cluster.script_load(args[2])  # on every master
         return await self._cluster.execute_command(*args)
@@ -382,7 +385,7 @@ class RedisClusterBackend(RedisBackend):
         client = self._direct.get(key)
         if client is None:
             kwargs = node.connection_kwargs
-            if (not self._direct_ok or node.connection_class is not Connection
+            if (self._closing or not self._direct_ok or node.connection_class is not Connection
                     or kwargs.get("credential_provider")):
                 return None
             client = self._direct[key] = RespClient(
@@ -412,18 +415,26 @@ class RedisClusterBackend(RedisBackend):
         return replies
 
     async def aclose(self) -> None:
+        self._closing = True  # no request starts an initialize() from now on
         direct, self._direct = list(self._direct.values()), {}
         await asyncio.gather(*(c.aclose() for c in direct), return_exceptions=True)
         if self._owns_client:
-            # RedisCluster.aclose() does nothing while its initialize() runs (it closes
-            # only an initialized client), and that initialize() then opens the nodes
-            # for good: let it end first (bounded), so that the close closes them
-            initializing = getattr(self._cluster, "_lock", None)
-            if isinstance(initializing, asyncio.Lock) and initializing.locked():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self._connect_timeout), initializing:
-                        pass
+            await self._initialized()
         await super().aclose()
+        if self._owns_client:
+            # one queued behind the first (which had failed) may have opened them since
+            await self._initialized()
+            await _close_quietly(None, self._cluster)
+
+    async def _initialized(self) -> None:
+        """Wait (bounded) for the client's initialize() in flight: RedisCluster.aclose()
+        does nothing while it runs (it closes only an initialized client), and that
+        initialize() then opens the nodes for good."""
+        initializing = getattr(self._cluster, "_lock", None)
+        if isinstance(initializing, asyncio.Lock) and initializing.locked():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._connect_timeout), initializing:
+                    pass
 
 
 def _is_noscript(reply: Any) -> bool:
