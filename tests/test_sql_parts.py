@@ -229,6 +229,45 @@ async def test_cancelled_wait_gives_back_what_it_got() -> None:
     await backend.aclose()
 
 
+async def test_a_wait_that_absorbs_a_cancellation_is_still_given_up_at_once() -> None:
+    """asyncmy was seen to absorb the cancellation of a read in flight (the wait read on,
+    and aclose() took its 5 s bound): giving up a queued wait cancels it until it ends."""
+
+    class Stubborn(FakeSQL):
+        absorbed = 0
+
+        async def _wait_on(self, conn: Any, claim: Claim, st: ClaimState) -> tuple[int, int] | None:
+            while True:
+                try:
+                    return await super()._wait_on(conn, claim, st)
+                except asyncio.CancelledError:
+                    self.absorbed += 1
+                    if self.absorbed > 2:
+                        raise
+
+    backend = Stubborn()
+    holder, waiter_claim = _claim(), _claim()
+    assert isinstance(await backend.try_acquire(holder), Granted)
+
+    class Waiter:
+        claim = waiter_claim
+
+        def wake(self, hint: str | None = None) -> None:
+            pass
+
+    await backend.listen("n", Kind.LOCK, Waiter())
+    assert isinstance(await backend.try_acquire(waiter_claim), Busy)  # queued
+    await asyncio.sleep(0.01)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await asyncio.wait_for(backend.abandon(waiter_claim), 2)
+    assert backend.absorbed == 3 and loop.time() - t0 < 1.0
+    assert backend.rows["n"].holder is not None  # the holder's, untouched
+    t0 = loop.time()
+    await backend.aclose()
+    assert loop.time() - t0 < 1.0
+
+
 async def test_give_back_cut_off_drops_its_connection() -> None:
     """A grant found revoked is given back inside ``try_acquire`` (the caller's task): a
     cancel landing in that unlock drops the connection (the server frees what it held),
