@@ -10,6 +10,12 @@ name never reach the server (a release here wakes them directly), so no server c
 count them: the core writes their number into the record as well (``"w"``, see
 ``_Engine.waiting_changed``), and ``status()``/``scan()`` add it to the waiters the
 server sees.
+
+On a backend whose claim is on the server from its first request, before it is granted
+(a ZooKeeper node, an etcd key: they queue), the server's time for the record is when it
+queued: a claim granted after a wait of :data:`QUEUED_RECORDED` seconds or more writes
+how long it queued into its record too (``"q"``, see ``_Engine.record_queued``), and
+:func:`decode_holder` takes it off ``since``, so ``since`` counts from the grant.
 """
 
 from __future__ import annotations
@@ -20,10 +26,16 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-__all__ = ["MAX_DATA_LENGTH", "Holder", "check_data", "decode_holder", "encode_holder", "with_waiting"]
+__all__ = [
+    "MAX_DATA_LENGTH", "QUEUED_RECORDED", "Holder", "check_data", "decode_holder", "encode_holder",
+    "with_queued", "with_waiting",
+]
 
 #: The longest user ``data`` string a lease may carry.
 MAX_DATA_LENGTH = 1024
+#: Seconds of queueing from which a granted claim records them (see the module doc): a
+#: shorter wait leaves ``since`` that much long, which no operator would notice.
+QUEUED_RECORDED = 0.25
 
 _HOST = socket.gethostname()
 
@@ -63,9 +75,12 @@ def check_data(data: object) -> str:
     return data
 
 
-def encode_holder(data: str, task: str | None, waiting: int = 0) -> str:
+def encode_holder(data: str, task: str | None, waiting: int = 0, queued: float = 0.0) -> str:
     """The record of a holder in this process (what backends store as ``Claim.info``);
-    ``waiting``: the local tasks queued behind it (omitted when 0)."""
+    ``waiting``: the local tasks queued behind it, ``queued``: the seconds its claim
+    queued on the server before its grant (each omitted when 0)."""
+    if queued:
+        return _encode_queued(os.getpid(), data, task, waiting, round(queued, 3))
     return _encode(os.getpid(), data, task, waiting)
 
 
@@ -73,28 +88,50 @@ def encode_holder(data: str, task: str | None, waiting: int = 0) -> str:
 def _encode(pid: int, data: str, task: str | None, waiting: int) -> str:
     # cached: a worker acquiring in a loop sends the same record each time, and the JSON
     # encoding was most of the record's cost (pid in the key: a forked child differs)
+    return _encode_queued(pid, data, task, waiting, 0.0)
+
+
+def _encode_queued(pid: int, data: str, task: str | None, waiting: int, queued: float) -> str:
     record: dict[str, object] = {"h": _HOST, "p": pid, "t": task, "d": data}
     if waiting:
         record["w"] = waiting
+    if queued:
+        record["q"] = queued
     return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
 
 
 def with_waiting(info: str, waiting: int) -> str:
     """``info`` (a record made here) with ``waiting`` local tasks queued behind it."""
-    holder = decode_holder(info)
-    return encode_holder(holder.data, holder.task, waiting)
+    holder, queued = _decode(info, None)
+    return encode_holder(holder.data, holder.task, waiting, queued)
+
+
+def with_queued(info: str, queued: float) -> str:
+    """``info`` (a record made here) saying its claim queued ``queued`` seconds."""
+    holder, _ = _decode(info, None)
+    return encode_holder(holder.data, holder.task, holder.waiting, queued)
 
 
 def decode_holder(info: str | bytes | None, since: float | None = None) -> Holder:
     """A stored record back as a :class:`Holder`; a missing or foreign record (a claim
-    made by an older aiolock, or by hand) reads as an unknown holder."""
+    made by an older aiolock, or by hand) reads as an unknown holder. ``since``: the
+    server's time for the record (less the seconds the record says it queued)."""
+    return _decode(info, since)[0]
+
+
+def _decode(info: str | bytes | None, since: float | None) -> tuple[Holder, float]:
+    """The :class:`Holder` and the seconds its record says it queued."""
     try:
         raw = json.loads(info) if info else {}
         if not isinstance(raw, dict):
             raise TypeError
         task = raw.get("t")
+        queued = max(0.0, float(raw.get("q", 0.0)))
+        if since is not None:
+            since -= queued
         return Holder(str(raw.get("h", "")), int(raw.get("p", 0)),
                       None if task is None else str(task), str(raw.get("d", "")),
-                      None if since is None else max(0.0, since), max(0, int(raw.get("w", 0))))
-    except (TypeError, ValueError):
-        return Holder("", 0, None, "", None if since is None else max(0.0, since))
+                      None if since is None else max(0.0, since),
+                      max(0, int(raw.get("w", 0)))), queued
+    except (TypeError, ValueError, OverflowError):
+        return Holder("", 0, None, "", None if since is None else max(0.0, since)), 0.0

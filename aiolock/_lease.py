@@ -15,6 +15,7 @@ event loop was stalled and the watchdog has not run yet.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -209,7 +210,9 @@ class Lease:
         """This lease's own record, as kept on the server beside the claim (host, pid,
         task, data; ``since`` counted on this process's clock)."""
         hold = self._hold
-        return decode_holder(hold.claim.info, time.monotonic() - hold.since)
+        # (not decode_holder's since: that is a server's time for the record, less what
+        # the record says the claim queued, and this one counts from the grant already)
+        return dataclasses.replace(decode_holder(hold.claim.info), since=time.monotonic() - hold.since)
 
     @property
     def lost(self) -> bool:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import os
 import time
 import weakref
@@ -37,12 +38,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
 from . import _telemetry
-from ._holder import check_data, encode_holder
+from ._holder import QUEUED_RECORDED, check_data, encode_holder, with_queued
 from ._lease import Lease, _Hold
 from ._validate import check_on_lost, check_seconds, check_ttl
 from ._waiter import LocalWaiter
 from .abc import Busy, Capability, Claim, Granted, Kind
 from .errors import BackendUnavailable, LockError, LockLost, LockTimeout
+
+log = logging.getLogger("aiolock.locks")
 
 if TYPE_CHECKING:
     from ._engine import _Engine, _Local
@@ -156,7 +159,7 @@ class Lock:
                 queued = True
             elif wait == 0 and self.kind in _EXCLUSIVE and local.holds:
                 raise self._timeout_error(wait)  # held by another task here: no need to ask
-            return await self._wait(claim, deadline, local, task, wait, queued)
+            return await self._wait(claim, deadline, local, task, wait, sent if queued else None)
         finally:
             acquiring.pop(claim, None)
             if not acquiring and engine.closed:
@@ -243,15 +246,32 @@ class Lock:
             hold.callbacks.append(call_on_lost)
         return lease
 
+    async def _record_queued(self, claim: Claim, queued: float, granted: Granted) -> None:
+        """``claim`` was just granted after it queued ``queued`` seconds on a server whose
+        time for its record counts from its first request (``Backend.held_since_queued``):
+        write that into its record before the lease is given out, so that ``since`` counts
+        from the grant (see ``aiolock._holder``). Advisory: bounded (a quarter of the
+        lease), and a failure only leaves ``since`` counting from when it queued; a
+        cancellation abandons the claim as any other in ``_contend``."""
+        claim.info = with_queued(claim.info, queued)
+        try:
+            async with asyncio.timeout(granted.ttl_ms / 4000):
+                await self._engine.backend.set_info(claim)
+        except (LockError, TimeoutError) as exc:
+            log.debug("could not record how long %r queued: %s", claim.name, exc)
+
     @_telemetry.waiting
     async def _wait(
         self, claim: Claim, deadline: float | None, local: _Local, task: asyncio.Task[Any] | None,
-        wait: float | None, queued: bool,
+        wait: float | None, asked: float | None,
     ) -> Lease:
+        # asked: when the fast path's busy attempt was sent (it may have left the claim
+        # waiting on the server), else None
+        queued = asked is not None
         if self.fair or (queued and local.turn.locked()):
             # A claim the fast path left waiting on the server (registered: the server may
             # hand it the lock) must listen at once, not queue behind a local head.
-            return await self._contend(claim, deadline, local, task, wait, queued)
+            return await self._contend(claim, deadline, local, task, wait, asked)
         # Queue behind the other local waiters of this name; only the head contends.
         # Until it asks the server, the server cannot count it (see _Engine.unseen).
         failures = local.failures
@@ -272,7 +292,7 @@ class Lock:
                     self._engine.spawn(self._engine.abandon(claim))
                 raise BackendUnavailable(str(local.failure)) from local.failure
             try:
-                return await self._contend(claim, deadline, local, task, wait, queued)
+                return await self._contend(claim, deadline, local, task, wait, asked)
             except BackendUnavailable as exc:  # tell those queued behind us (see _Local)
                 local.failures += 1
                 local.failure = exc
@@ -283,8 +303,10 @@ class Lock:
 
     async def _contend(
         self, claim: Claim, deadline: float | None, local: _Local, task: asyncio.Task[Any] | None,
-        wait: float | None, queued: bool,
+        wait: float | None, asked: float | None,
     ) -> Lease:
+        # asked: when the claim's first attempt was sent, if one was (see _grant)
+        queued = asked is not None
         engine = self._engine
         backend = engine.backend
         waiter = LocalWaiter(claim)
@@ -326,8 +348,13 @@ class Lock:
                         engine.unseen(local, self._key, claim, False)
                     result, sent = await self._attempt(claim, deadline, wait)
                     if isinstance(result, Granted):
+                        waited = sent - asked if asked is not None else 0.0
+                        if waited >= QUEUED_RECORDED and backend.held_since_queued:
+                            await self._record_queued(claim, waited, result)
                         queued = False
                         return self._grant(claim, result, sent, task)
+                    if asked is None:
+                        asked = sent
                     retry_after = result.retry_after
                 if deadline is None:
                     await waiter.wait(retry_after)

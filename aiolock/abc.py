@@ -253,6 +253,11 @@ class Backend(abc.ABC):
     #: node, a blocked lock request). The core counts a local waiter of another kind in
     #: its holder's record as long as it waits (see ``_Engine.unseen``).
     waiting_counted: ClassVar[frozenset[Kind]] = frozenset()
+    #: True if the server's time for a holder's record (what :meth:`inspect` gives as
+    #: ``since``) is when its claim first asked (a node or key its first request made,
+    #: kept while it queued), not when it was granted: the core then records how long a
+    #: claim granted after a wait queued, which ``since`` leaves out (see ``aiolock._holder``).
+    held_since_queued: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod

@@ -70,11 +70,40 @@ async def test_since_is_the_current_holders_after_a_hand_over(
         (holder,) = info.held_by
         await second.release()
         assert holder.data == "next" and holder.since is not None, info
-        if locks.url.startswith(("zookeeper", "zk", "etcd")):
-            # known: their since counts from the node's/key's creation, when it queued
-            assert holder.since >= 0.35, "fixed on this backend: drop this branch"
-            pytest.xfail("ZooKeeper/etcd: since counts from when the claim queued")
         assert holder.since < 0.35, info
+
+
+async def test_since_counts_from_the_grant_after_a_long_wait_for_every_kind(
+    locks: aiolock.Locks, backend_url: str, name: str,
+) -> None:
+    """A lock, a write lock, a permit and a leadership each granted after its claim
+    waited 0.8 s behind another connection's: ``since`` (read at once, from the first
+    connection) counts from the grant, not from when it queued (ZooKeeper and etcd keep
+    only the time the waiting claim's node or key was made)."""
+    need(locks, Capability.HOLDERS)
+    takes: dict[str, tuple[Kind, object]] = {
+        "lock": (Kind.LOCK, lambda c: c.lock(name, ttl=5)),
+    }
+    if Capability.RWLOCK in locks.capabilities:
+        takes["write"] = (Kind.WRITE, lambda c: c.rwlock(name, ttl=5).write())
+    if Capability.SEMAPHORE in locks.capabilities:
+        takes["permit"] = (Kind.PERMIT, lambda c: c.semaphore(name, 1, ttl=5))
+    if Capability.ELECTION in locks.capabilities:
+        takes["leader"] = (Kind.LEADER, lambda c: c.election(name, ttl=5).campaign())
+    async with aiolock.connect(backend_url) as other:
+        for what, (kind, make) in takes.items():
+            first = await make(locks).acquire(timeout=5)  # type: ignore[operator]
+            waiting = asyncio.create_task(make(other).acquire(timeout=10))  # type: ignore[operator]
+            await asyncio.sleep(0.8)
+            assert not waiting.done(), what
+            await first.release()
+            second = await asyncio.wait_for(waiting, 5)
+            try:
+                info = await locks.status(name, kind)
+                sinces = [h.since for h in info.held_by]
+                assert sinces and all(s is not None and s < 0.5 for s in sinces), (what, info)
+            finally:
+                await second.release()
 
 
 async def _waiters_become(locks: aiolock.Locks, name: str, count: int) -> aiolock.LockInfo:

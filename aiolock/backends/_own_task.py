@@ -39,11 +39,14 @@ def cancelled_by_close(request: asyncio.Future[Any], closed: bool) -> bool:
     return closed and request.cancelled() and not (caller is not None and caller.cancelling())
 
 
-async def cancel_until_done(task: asyncio.Future[Any]) -> None:
+async def cancel_until_done(task: asyncio.Future[Any], heard: Callable[[], bool] = lambda: False) -> None:
     """Cancel ``task`` and wait until it has ended, cancelling it again every
-    :data:`RECANCEL_S` while it runs on: a client library may absorb a cancellation (asyncmy
-    was seen reading on for seconds after one), as anyio's cancel scopes assume too. The
-    caller bounds the wait."""
+    :data:`RECANCEL_S` while it runs on and ``heard()`` is false: a client library may absorb
+    a cancellation (asyncmy was seen reading on for seconds after one), as anyio's cancel
+    scopes assume too. ``heard``: the task says it is cleaning up after the cancellation
+    (which another one would cut short). The caller bounds the wait."""
+    task.cancel()
     while not task.done():
-        task.cancel()
         await asyncio.wait((task,), timeout=RECANCEL_S)
+        if not task.done() and not heard():
+            task.cancel()

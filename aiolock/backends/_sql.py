@@ -277,6 +277,7 @@ class SQLBackend(Backend):
         assert st.op is None or st.op.done(), "one attempt at a time per claim"
         if st.waiter is not None and claim.kind is not Kind.PERMIT:
             # a listening claim queues on the server: granted when the lock frees
+            st.wait_ending = False
             st.wait = self._spawn(self._blocking_wait(claim, st))
             return Busy(QUEUED_RECHECK)
         st.op = op = self._spawn(self._attempt(claim, st))
@@ -321,6 +322,7 @@ class SQLBackend(Backend):
             conn = await self._pool.get()
             got = await self._wait_on(conn, claim, st)
         except BaseException as exc:
+            st.wait_ending = True  # (see _drop_wait)
             if conn is not None:
                 await self._end_wait(conn, claim)
             if not isinstance(exc, asyncio.CancelledError):
@@ -446,9 +448,9 @@ class SQLBackend(Backend):
         if wait is None:
             return
         # its clean-up (``_end_wait``) leaves its connection holding nothing. Cancelled
-        # until it ends: asyncmy was seen to absorb a cancellation of a read in flight
-        # (the task went on reading for seconds; 1 close in ~20 under CPU load)
-        await cancel_until_done(wait)
+        # until it starts that: asyncmy was seen to absorb a cancellation of a read in
+        # flight (the task went on reading for seconds; 1 close in ~20 under CPU load)
+        await cancel_until_done(wait, lambda: st.wait_ending)
         got = result(wait)
         if got is not None:
             conn, slot, _token = got

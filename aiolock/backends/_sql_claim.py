@@ -50,6 +50,7 @@ class ClaimState:
     mutex: asyncio.Lock = field(default_factory=asyncio.Lock)  #: one statement at a time on conn
     op: asyncio.Task[Any] | None = None  #: an attempt in flight (shielded from cancellation)
     wait: asyncio.Task[Any] | None = None  #: a blocking wait queued on the server
+    wait_ending: bool = False  #: that wait failed or was cancelled: it is cleaning up
     waiter: Waiter | None = None
     cleanup: asyncio.Task[None] | None = None
     release: asyncio.Task[bool] | None = None

@@ -37,8 +37,9 @@ still known once every claim key is gone (one small key per name ever locked sta
 
 Holders, listing, revocation, elections: a key's value is ``ttl:limit:stamp:record``
 (the holder record of :mod:`aiolock._holder`, and the wall-clock time the key was first
-written: etcd keeps no times, so a holder's ``since`` is on the writer's clock and, for a
-claim that waited, counts from when it joined the queue). ``scan`` reads each family's
+written: etcd keeps no times, so a holder's ``since`` is on the writer's clock; a claim
+granted after a wait writes how long it queued into its record, which ``since`` leaves
+out: see :mod:`aiolock._holder`). ``scan`` reads each family's
 keys under the escaped prefix (keys only, in pages) and inspects each name.
 ``force_release`` deletes the holders' keys; a renewal batch checks in one read-only
 transaction that each key still exists, so a key gone under a live lease (revoked by an

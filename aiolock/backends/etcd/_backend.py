@@ -39,6 +39,7 @@ class EtcdBackend(Operators, Backend):
 
     schemes: ClassVar[tuple[str, ...]] = ("etcd",)
     waiting_counted: ClassVar[frozenset[Kind]] = frozenset(Kind)  # every waiter has its key
+    held_since_queued: ClassVar[bool] = True  # since: from the claim's node/key
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
          Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS, Capability.SCAN,

@@ -51,6 +51,7 @@ class ZooKeeperBackend(_Acquire):
 
     schemes: ClassVar[tuple[str, ...]] = ("zookeeper", "zk")
     waiting_counted: ClassVar[frozenset[Kind]] = frozenset(Kind)  # every waiter has its node
+    held_since_queued: ClassVar[bool] = True  # since: from the claim's node/key
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.FAIR, Capability.RWLOCK, Capability.SEMAPHORE, Capability.EVENTS,
          Capability.EXPIRY, Capability.DISTRIBUTED, Capability.HOLDERS, Capability.SCAN,
@@ -243,7 +244,9 @@ class ZooKeeperBackend(_Acquire):
             if full and self._reaper.stale(f"{parent}/{node.name}", int(stat.version), ttl_ms, now):
                 continue  # its owner stopped renewing
             left = (int(stat.modified) + ttl_ms) / 1000 - now_wall  # server clock, roughly
-            since = now_wall - int(stat.created) / 1000  # since it queued (server clock)
+            # since it queued (server clock); decode_holder takes off what the record
+            # says it queued (a claim granted after a wait writes it: aiolock._holder)
+            since = now_wall - int(stat.created) / 1000
             live.append((node, int(stat.created_zxid), min(max(left, 0.0), ttl_ms / 1000), info, since))
         waiters = len(nodes) - len(held)
         if not live:
