@@ -280,3 +280,30 @@ async def test_fair_order_across_processes_under_random_arrivals(row: Row, kids:
           f"{len(inversions)} overtakes (later by ms, earlier one's wait s) {sorted(inversions)[-5:]}")
     assert not inversions, (f"{len(inversions)} acquires overtaken by another process's later one "
                             f"(arrived later by ms, overtaken one waited s): {sorted(inversions)[-5:]}")
+
+
+@rows()
+async def test_release_racing_a_registration_is_never_lost(row: Row, kids: Kids) -> None:
+    """One process takes the lock for 1-3 ms and lets it go for 1-4 ms, over and over (ttl
+    8 s); two other processes each ask 60 times at random moments (0-10 ms apart), so
+    their registrations land on every side of a release. A wake-up lost to that race
+    would leave a waiter to its fallback retry (ttl/3 = 2.7 s or the holder's ttl): every
+    wait must stay far below that."""
+    name = fresh("race")
+    specs = [(row.url(0), name, {"mode": "loop", "tasks": 1, "hold": [0.001, 0.003],
+                                 "think": [0.001, 0.004], "seconds": 3.0, "ttl": 8, "seed": 70})]
+    specs += [(row.url(i), name, {"mode": "probe", "count": 60, "gap": [0.0, 0.010], "ttl": 8,
+                                  "seed": 70 + i}) for i in (1, 2)]
+    holder, *probes = await kids.spawn_ready(specs)
+    await holder.go()
+    await asyncio.sleep(0.1)
+    for p in probes:
+        await p.go()
+    results = [await k.results(40) for k in (holder, *probes)]
+    records = [r for _c, recs in results for r in recs]
+    exclusion_and_tokens(records)
+    pw = sorted(((r[2] - r[1], r[0]) for r in records if r[4] != holder.pid), reverse=True)
+    print(f"{row.id}: holder grants {len(results[0][1])}, probe grants {len(pw)}, "
+          f"longest probe waits (s, token) {[(round(w, 3), t) for w, t in pw[:5]]}")
+    assert len(pw) == 120
+    assert pw[0][0] < 0.5, f"a waiter took {pw[0][0]:.2f} s (lost wake-up?): {pw[:5]}"
