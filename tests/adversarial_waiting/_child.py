@@ -54,6 +54,27 @@ async def main() -> int:
                 pass
             lock = locks.lock(name, ttl=ttl, fair=fair)
             out("READY")
+            if mode == "rounds":
+                while True:
+                    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+                    if not line.startswith("GO "):
+                        break
+                    rlock = locks.lock(line.split()[1], ttl=ttl, fair=fair)
+                    out(f"WAITING {time.monotonic():.6f}")
+                    try:
+                        lease = await rlock.acquire(timeout=cfg.get("timeout", 15))
+                    except aiolock.LockTimeout:
+                        out(f"TIMEOUT {time.monotonic():.6f}")
+                        continue
+                    out(f"GOT {lease.token} {time.monotonic():.6f}")
+                    await asyncio.sleep(float(cfg.get("hold", 0)))
+                    out(f"REL {time.monotonic():.6f}")
+                    await lease.release()
+                    out(f"DONE {time.monotonic():.6f}")
+                out("COUNTS {}")
+                out("RECORDS []")
+                out("END")
+                return 0
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
             if mode == "wait":
                 out(f"WAITING {time.monotonic():.6f}")

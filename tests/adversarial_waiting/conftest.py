@@ -79,7 +79,7 @@ class Kid:
     def pid(self) -> int:
         return self.proc.pid
 
-    async def expect(self, prefix: str, within: float = 20.0) -> str:
+    async def expect(self, prefix: str | tuple[str, ...], within: float = 20.0) -> str:
         assert self.proc.stdout is not None
         async with asyncio.timeout(within):
             while True:
@@ -97,9 +97,9 @@ class Kid:
                 if line.startswith(prefix):
                     return line
 
-    async def go(self) -> None:
+    async def go(self, arg: str = "") -> None:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(b"GO\n")
+        self.proc.stdin.write(f"GO {arg}\n".encode())
         await self.proc.stdin.drain()
 
     async def results(self, within: float = 20.0) -> tuple[dict[str, int], list[list[Any]]]:

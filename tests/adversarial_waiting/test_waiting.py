@@ -307,3 +307,44 @@ async def test_release_racing_a_registration_is_never_lost(row: Row, kids: Kids)
           f"longest probe waits (s, token) {[(round(w, 3), t) for w, t in pw[:5]]}")
     assert len(pw) == 120
     assert pw[0][0] < 0.5, f"a waiter took {pw[0][0]:.2f} s (lost wake-up?): {pw[:5]}"
+
+
+@rows()
+async def test_timeout_racing_the_hand_off_never_strands_the_next_waiter(row: Row, kids: Kids) -> None:
+    """The test process holds; process A waits with a 0.4 s timeout, process B (queued
+    behind it) with none. The holder releases right at A's deadline (-6 .. +6 ms, seeded),
+    so the hand-off to A races A giving up. Either A gets the lock and releases it, or it
+    times out: B must have the lock promptly after whichever came last (README
+    "Cancellation safety": an abandoned claim is "released if it was granted"). 6 rounds."""
+    rng = random.Random(f"race-timeout-{row.id}")
+    fair = fair_flag(row)
+    a, b = await kids.spawn_ready([
+        (row.url(1), "warm", {"mode": "rounds", "timeout": 0.4, "ttl": 5, "fair": fair}),
+        (row.url(2), "warm", {"mode": "rounds", "timeout": 15, "ttl": 5, "fair": fair})])
+    late: list[tuple[str, float, float]] = []
+    async with aiolock.connect(row.url(0)) as locks:
+        for rnd in range(6):
+            name = fresh(f"tor{rnd}")
+            lease = await locks.lock(name, ttl=5, fair=fair).acquire(timeout=5)
+            await a.go(name)
+            t_a = float((await a.expect("WAITING")).split()[1])
+            await asyncio.sleep(0.15)
+            await b.go(name)
+            await b.expect("WAITING")
+            jitter = rng.uniform(-0.006, 0.006)
+            await asyncio.sleep(max(0.0, t_a + 0.4 + jitter - time.monotonic()))
+            t_rel = time.monotonic()
+            await lease.release()
+            end_a = (await a.expect(("GOT", "TIMEOUT"), 10)).split()
+            if end_a[0] == "GOT":
+                await a.expect("REL", 10)
+                t_free = float((await a.expect("DONE", 10)).split()[1])
+            else:
+                t_free = float(end_a[1])
+            t_free = max(t_free, t_rel)
+            t_b = float((await b.expect("GOT", 10)).split()[2])
+            await b.expect("DONE", 10)
+            late.append((end_a[0], round(jitter * 1e3, 1), round(t_b - t_free, 3)))
+    print(f"{row.id}: (A's outcome, release - A's deadline ms, B granted s after A let go) {late}")
+    slow = [x for x in late if x[2] > HANDOFF]
+    assert not slow, f"B waited on after A timed out or released: {slow}"
