@@ -103,9 +103,10 @@ async def try_lock(backend: RedisBackend, claim: Claim) -> Granted | Busy:
     keys = backend._keys(claim.name, owner, claim.kind)
     waits = claim.waits and backend.handoffs
     claims = signals.claims
+    inbox = backend.inbox
     if waits:  # before sending: a grant may come before the reply
         claims[owner] = claim
-    inbox = backend.inbox
+        signals.hear(inbox)
     mark = signals.mark(inbox)
     sent = time.monotonic()
     ttl_ms = claim.ttl_ms

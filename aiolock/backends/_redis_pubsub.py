@@ -63,6 +63,7 @@ class Signals:
         #: (plain locks), so that a grant naming it finds it (see the module doc)
         self.claims: dict[str, Claim] = {}
         self._inboxes: set[str] = set()  # channels that carry hand-offs of many locks
+        self._hear_again = 0.0  # see hear()
         #: owner id -> (claim, retry) for claims whose abandon failed: a release may still
         #: hand them the lock (their queue entry stayed), and then ``retry(claim)`` runs
         self._orphans: dict[str, tuple[Claim, Callable[[Claim], Awaitable[None]]]] = {}
@@ -93,6 +94,22 @@ class Signals:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._timeout):
                     await asyncio.shield(confirmed)
+
+    def hear(self, inbox: str) -> None:
+        """Subscribe to ``inbox`` now, in the background, unless it is already (called
+        before a claim that may wait first asks: a release skips a registered waiter whose
+        inbox nobody hears, as if its process had died, so a process whose first busy
+        attempt came before its subscription lost that place and waited unregistered,
+        behind a busy process's unbounded local hand-offs). An inbox stays subscribed."""
+        if inbox in self._confirmed or self._closed:
+            return
+        now = time.monotonic()
+        if now < self._hear_again:  # it failed just now: not a try per acquire
+            return
+        self._hear_again = now + 1.0
+        self._inboxes.add(inbox)
+        self._confirmed[inbox] = asyncio.get_running_loop().create_future()
+        self._spawn(self._subscribe(inbox))
 
     async def _subscribe(self, channel: str) -> None:
         try:

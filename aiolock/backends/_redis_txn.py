@@ -227,6 +227,7 @@ class RedisTxnBackend(RedisBackend):
         claims = self.signals.claims
         if waits:  # before sending: a hand-over may come before the reply
             claims[claim.owner] = claim
+            self.signals.hear(self.inbox)
         try:
             result = await self._try_acquire_tx(claim, waits)
         except BaseException:

