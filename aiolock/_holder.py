@@ -14,7 +14,7 @@ server sees.
 On a backend whose claim is on the server from its first request, before it is granted
 (a ZooKeeper node, an etcd key: they queue), the server's time for the record is when it
 queued: a claim granted after a wait of :data:`QUEUED_RECORDED` seconds or more writes
-how long it queued into its record too (``"q"``, see ``_Engine.record_queued``), and
+how long it queued into its record too (``"q"``, see ``Lock._record_queued``), and
 :func:`decode_holder` takes it off ``since``, so ``since`` counts from the grant.
 """
 

@@ -305,7 +305,7 @@ class Lock:
         self, claim: Claim, deadline: float | None, local: _Local, task: asyncio.Task[Any] | None,
         wait: float | None, asked: float | None,
     ) -> Lease:
-        # asked: when the claim's first attempt was sent, if one was (see _grant)
+        # asked: when the claim's first attempt was sent, if one was (see _record_queued)
         queued = asked is not None
         engine = self._engine
         backend = engine.backend

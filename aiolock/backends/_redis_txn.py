@@ -251,13 +251,10 @@ class RedisTxnBackend(RedisBackend):
                     ("WATCH", base, seq, mine), ("HMGET", base, "owner", "token"),
                     ("PTTL", base), ("GET", seq), ("GET", mine), ("TIME",), *lpos,
                 )
-                if owner is not None and _text(owner) == claim.owner and int(pttl) > 0:
-                    await conn.unwatch()  # (it may expire between reads)
-                    return Granted(int(token), int(pttl))  # handed over, or a repeat
+                mine_now = await _ours_already(conn, claim, owner, token, pttl, mark)
+                if mine_now is not None:
+                    return mine_now
                 x = None if mark is None else _text(mark)
-                if x is not None and x != "v" and _registration(x) is None:
-                    await conn.unwatch()  # a tombstone or a release marker
-                    raise LockError(f"claim on {claim.name!r} was abandoned")
                 place = at[0] if at and at[0] is not None else None  # in the queue (0: first)
                 queued = place is not None
                 if owner is not None:
@@ -334,13 +331,9 @@ class RedisTxnBackend(RedisBackend):
             ("WATCH", mine), ("HMGET", base, "owner", "token"), ("PTTL", base), ("GET", mine),
             ("LPOS", queue, entry),
         )
-        if owner is not None and _text(owner) == claim.owner and int(pttl) > 0:
-            await conn.unwatch()
-            return Granted(int(token), int(pttl))
-        x = None if mark is None else _text(mark)
-        if x is not None and x != "v" and _registration(x) is None:
-            await conn.unwatch()  # a tombstone or a release marker
-            raise LockError(f"claim on {claim.name!r} was abandoned")
+        mine_now = await _ours_already(conn, claim, owner, token, pttl, mark)
+        if mine_now is not None:
+            return mine_now
         if owner is None or int(pttl) <= 0:
             await conn.unwatch()
             return None
@@ -675,6 +668,24 @@ def scripting_class(cls: type[RedisBackend], scripting: str) -> type[RedisBacken
 def _become(backend: AutoRedisBackend, cls: type[RedisBackend]) -> None:
     """Decided: ``backend`` is a ``cls`` from now on (both share RedisBackend's state)."""
     backend.__class__ = cls  # type: ignore[assignment]
+
+
+async def _ours_already(
+    conn: Lent, claim: Claim, owner: Any, token: Any, pttl: Any, mark: Any,
+) -> Granted | None:
+    """What an acquire's reads (the lock hash's owner and token, its PTTL, the claim's
+    waiter key) settle by themselves: the lock is this claim's already (a release handed
+    it over, or a repeat): Granted with the lease left; its waiter key holds a tombstone
+    or a release marker: LockError (abandoned). Either way the WATCH is dropped. Else
+    None: the transaction goes on."""
+    if owner is not None and _text(owner) == claim.owner and int(pttl) > 0:
+        await conn.unwatch()  # (it may expire between reads)
+        return Granted(int(token), int(pttl))
+    x = None if mark is None else _text(mark)
+    if x is not None and x != "v" and _registration(x) is None:
+        await conn.unwatch()
+        raise LockError(f"claim on {claim.name!r} was abandoned")
+    return None
 
 
 def _registration(value: Any) -> tuple[int, str, str] | None:

@@ -34,7 +34,7 @@ import aiolock
 from aiolock import Capability
 
 from ._check import exclusion_and_tokens, others_during_wait, process_runs
-from .conftest import FAIR_ROWS, Kids, Row, fresh, rows
+from .conftest import FAIR_ROWS, Kid, Kids, Row, fresh, rows
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -48,6 +48,27 @@ HANDOFF = 0.3
 
 def fair_flag(row: Row) -> bool:
     return row.id in FAIR_ROWS and Capability.FAIR in row.scenario.capabilities
+
+
+async def run_all(
+    kids: Kids, specs: list[tuple[str, str, dict[str, Any]]], *, first: int | None = None,
+    pause: float = 0.0, within: float = 40.0,
+) -> tuple[list[Kid], list[tuple[dict[str, int], list[list[Any]]]], list[list[Any]]]:
+    """Spawn ``specs``; start the first ``first`` children (all if None) and ``pause`` s
+    later the rest; wait for every child's results. The children, their results and all
+    their grant records, checked for exclusion and strictly increasing tokens."""
+    ks = await kids.spawn_ready(specs)
+    head = ks if first is None else ks[:first]
+    for k in head:
+        await k.go()
+    if pause:
+        await asyncio.sleep(pause)
+    for k in ks[len(head):]:
+        await k.go()
+    results = [await k.results(within) for k in ks]
+    records = [r for _c, recs in results for r in recs]
+    exclusion_and_tokens(records)
+    return ks, results, records
 
 
 @rows()
@@ -156,14 +177,7 @@ async def test_busy_process_does_not_starve_waiting_processes(row: Row, kids: Ki
     specs = [(row.url(0), name, busy_cfg)] + [
         (row.url(i), name, {"mode": "probe", "count": 12, "gap": [0.03, 0.12], "ttl": 5, "seed": 10 + i})
         for i in (1, 2)]
-    busy, *probes = await kids.spawn_ready(specs)
-    await busy.go()
-    await asyncio.sleep(0.3)
-    for p in probes:
-        await p.go()
-    results = [await k.results(30) for k in (busy, *probes)]
-    records = [r for _c, recs in results for r in recs]
-    exclusion_and_tokens(records)
+    (_busy, *probes), results, records = await run_all(kids, specs, first=1, pause=0.3, within=30)
     worst: list[tuple[int, int, float]] = []
     for p in probes:
         for mine in (r for r in records if r[4] == p.pid):
@@ -237,12 +251,7 @@ async def test_churn_across_processes_has_no_lost_wake_up(row: Row, kids: Kids) 
     specs = [(row.url(i), name, {"mode": "loop", "tasks": 4, "hold": [0.0, 0.003],
                                  "think": [0.0, 0.004], "seconds": 2.5, "ttl": 8, "seed": 30 + i})
              for i in range(nproc)]
-    ks = await kids.spawn_ready(specs)
-    for k in ks:
-        await k.go()
-    results = [await k.results(40) for k in ks]
-    records = [r for _c, recs in results for r in recs]
-    exclusion_and_tokens(records)
+    ks, _results, records = await run_all(kids, specs)
     waits = sorted((r[2] - r[1] for r in records), reverse=True)
     runs = process_runs(records)
     per = {k.pid: sum(1 for r in records if r[4] == k.pid) for k in ks}
@@ -266,12 +275,7 @@ async def test_fair_order_across_processes_under_random_arrivals(row: Row, kids:
     specs = [(row.url(i), name, {"mode": "loop", "tasks": 3, "hold": [0.004, 0.010],
                                  "think": [0.010, 0.060], "seconds": 2.5, "ttl": 5,
                                  "fair": fair, "seed": 50 + i}) for i in range(3)]
-    ks = await kids.spawn_ready(specs)
-    for k in ks:
-        await k.go()
-    results = [await k.results(40) for k in ks]
-    records = [r for _c, recs in results for r in recs]
-    exclusion_and_tokens(records)
+    _ks, _results, records = await run_all(kids, specs)
     inversions = [(round((b[1] - a[1]) * 1e3, 1), round(a[2] - a[1], 3))
                   for a in records for b in records
                   if a[4] != b[4] and b[1] > a[1] + 0.025 and b[2] < a[2]]
@@ -294,14 +298,7 @@ async def test_release_racing_a_registration_is_never_lost(row: Row, kids: Kids)
                                  "think": [0.001, 0.004], "seconds": 3.0, "ttl": 8, "seed": 70})]
     specs += [(row.url(i), name, {"mode": "probe", "count": 60, "gap": [0.0, 0.010], "ttl": 8,
                                   "seed": 70 + i}) for i in (1, 2)]
-    holder, *probes = await kids.spawn_ready(specs)
-    await holder.go()
-    await asyncio.sleep(0.1)
-    for p in probes:
-        await p.go()
-    results = [await k.results(40) for k in (holder, *probes)]
-    records = [r for _c, recs in results for r in recs]
-    exclusion_and_tokens(records)
+    (holder, *_probes), results, records = await run_all(kids, specs, first=1, pause=0.1)
     pw = sorted(((r[2] - r[1], r[0]) for r in records if r[4] != holder.pid), reverse=True)
     print(f"{row.id}: holder grants {len(results[0][1])}, probe grants {len(pw)}, "
           f"longest probe waits (s, token) {[(round(w, 3), t) for w, t in pw[:5]]}")
@@ -362,12 +359,7 @@ async def test_five_busy_processes_none_waits_more_than_k_times_5(row: Row, kids
     nproc = 5
     specs = [(row.url(i), name, {"mode": "loop", "tasks": 3, "hold": [0.0, 0.0],
                                  "seconds": 3.5, "ttl": 8, "seed": 90 + i}) for i in range(nproc)]
-    ks = await kids.spawn_ready(specs)
-    for k in ks:
-        await k.go()
-    results = [await k.results(40) for k in ks]
-    records = [r for _c, recs in results for r in recs]
-    exclusion_and_tokens(records)
+    ks, _results, records = await run_all(kids, specs)
     runs = process_runs(records)
     per = sorted(sum(1 for r in records if r[4] == k.pid) for k in ks)
     waits = sorted((r[2] - r[1] for r in records), reverse=True)
@@ -398,14 +390,7 @@ async def test_first_wait_of_a_fresh_connection_within_k_times_5(row: Row, kids:
                                  "seconds": 2.5, "ttl": 8, "seed": 110 + i}) for i in range(4)]
     specs.append((row.url(5), name, {"mode": "probe", "count": 6, "gap": [0.02, 0.05],
                                      "ttl": 8, "seed": 120}))
-    *busy, probe = await kids.spawn_ready(specs)
-    for b in busy:
-        await b.go()
-    await asyncio.sleep(0.4)
-    await probe.go()
-    results = [await k.results(40) for k in (*busy, probe)]
-    records = [r for _c, recs in results for r in recs]
-    exclusion_and_tokens(records)
+    (*_busy, probe), _results, records = await run_all(kids, specs, first=4, pause=0.4)
     mine = sorted((r for r in records if r[4] == probe.pid), key=lambda r: r[1])
     seen = [(others_during_wait(records, r), round((r[2] - r[1]) * 1e3, 1)) for r in mine]
     print(f"{row.id}: the fresh process's waits (others' grants, ms), in order: {seen}")
