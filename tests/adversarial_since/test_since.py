@@ -544,3 +544,38 @@ async def test_acquire_cancelled_around_the_grant_leaves_nothing_held(
             await taken.release()
             assert took < 1.0, f"round {rounds}: judge waited {took:.2f} s (offset {offset:.3f})"
     assert rounds >= 5
+
+
+@ROWS
+async def test_proclaim_after_a_wait_then_renewals(
+    locks: aiolock.Locks, backend_url: str, name: str,
+) -> None:
+    """A leader that campaigned 1.5 s proclaims once, then is renewed 1.2 s (ttl 1): the
+    since read then (leader(), status, the term's own record) counts from the win."""
+    need(locks, Capability.ELECTION)
+    need(locks, Capability.HOLDERS)
+    async with aiolock.connect(backend_url) as other, aiolock.connect(backend_url) as judge:
+        async def block() -> list[aiolock.Lease]:
+            return [await other.election(name, ttl=1).campaign(data="old").acquire(timeout=5)]
+
+        def waiters() -> list[Awaitable[aiolock.Lease]]:
+            return [asyncio.create_task(locks.election(name, ttl=1).campaign(data="new").acquire(timeout=10))]
+
+        granted, released_at, returned_at = await _queue_then_grant(block, waiters, 1.5)
+        term: Any = granted[0]
+        try:
+            await term.proclaim("v")
+            await asyncio.sleep(1.2)
+            a = time.monotonic()
+            leader = await judge.election(name, ttl=1).leader()
+            info = await judge.status(name, Kind.LEADER)
+            b = time.monotonic()
+            assert leader is not None and leader.data == "v", leader
+            _check([leader.holder.since], released_at, returned_at, a, b, waited=1.5,
+                   what="leader() 1.2 s after proclaim")
+            _check([h.since for h in info.held_by], released_at, returned_at, a, b,
+                   waited=1.5, what="status 1.2 s after proclaim")
+            _check([term.holder.since], released_at, returned_at, a, b, waited=1.5,
+                   what="term.holder 1.2 s after proclaim")
+        finally:
+            await _release_all(granted)
