@@ -571,8 +571,10 @@ async def test_proclaim_after_a_wait_then_renewals(
             info = await judge.status(name, Kind.LEADER)
             b = time.monotonic()
             assert leader is not None and leader.data == "v", leader
+            every = (f"leader()={leader.holder.since}, status={[h.since for h in info.held_by]}, "
+                     f"term.holder={term.holder.since}, held {a - returned_at:.2f} s")
             _check([leader.holder.since], released_at, returned_at, a, b, waited=1.5,
-                   what="leader() 1.2 s after proclaim")
+                   what=f"leader() 1.2 s after proclaim ({every})")
             _check([h.since for h in info.held_by], released_at, returned_at, a, b,
                    waited=1.5, what="status 1.2 s after proclaim")
             _check([term.holder.since], released_at, returned_at, a, b, waited=1.5,
