@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._holder import Holder, check_data, decode_holder, encode_holder
+from ._holder import Holder, check_data, with_data
 from ._lease import Lease
 from ._lock import _DEFAULT, Lock, _Default
 from ._waiter import LocalWaiter
@@ -55,8 +55,7 @@ class Leadership(Lease):
             raise LockLost(f"leadership of {self.name!r} is lost: {hold.lost_reason}")
         if self._released:
             raise LockError(f"leadership of {self.name!r} was resigned; campaign again")
-        record = decode_holder(hold.claim.info)
-        hold.claim.info = encode_holder(data, record.task, record.waiting)
+        hold.claim.info = with_data(hold.claim.info, data)  # (keeps how long it queued)
         if not await hold.engine.backend.set_info(hold.claim):
             hold.mark_lost("the server no longer has it (expired or taken over)")
             raise LockLost(f"leadership of {self.name!r} is lost: {hold.lost_reason}")

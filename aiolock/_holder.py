@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "MAX_DATA_LENGTH", "QUEUED_RECORDED", "Holder", "check_data", "decode_holder", "encode_holder",
-    "with_queued", "with_waiting",
+    "with_data", "with_queued", "with_waiting",
 ]
 
 #: The longest user ``data`` string a lease may carry.
@@ -104,6 +104,12 @@ def with_waiting(info: str, waiting: int) -> str:
     """``info`` (a record made here) with ``waiting`` local tasks queued behind it."""
     holder, queued = _decode(info, None)
     return encode_holder(holder.data, holder.task, waiting, queued)
+
+
+def with_data(info: str, data: str) -> str:
+    """``info`` (a record made here) with the user's ``data`` replaced (a proclaim)."""
+    holder, queued = _decode(info, None)
+    return encode_holder(data, holder.task, holder.waiting, queued)
 
 
 def with_queued(info: str, queued: float) -> str:

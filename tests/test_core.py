@@ -258,13 +258,15 @@ async def test_a_renewal_answered_after_our_own_release_is_no_loss(
 
 
 def test_a_record_keeps_how_long_its_claim_queued_and_since_leaves_it_out() -> None:
-    from aiolock._holder import decode_holder, encode_holder, with_queued, with_waiting
+    from aiolock._holder import decode_holder, encode_holder, with_data, with_queued, with_waiting
 
     record = with_queued(encode_holder("job 7", "t1", waiting=2), 3.21234)
     assert decode_holder(record, 10.0) == aiolock.Holder(
         decode_holder(record).host, decode_holder(record).pid, "t1", "job 7", pytest.approx(6.788))
     assert decode_holder(record, 10.0).waiting == 2
     assert decode_holder(with_waiting(record, 0), 4.0).since == pytest.approx(0.788)  # kept by a rewrite
+    proclaimed = decode_holder(with_data(record, "v2"), 10.0)  # a proclaim keeps the wait
+    assert proclaimed.data == "v2" and proclaimed.since == pytest.approx(6.788)
     assert decode_holder(record, 1.0).since == 0.0  # never negative
     assert decode_holder(record).since is None
     assert '"q"' not in encode_holder("job 7", "t1")  # nothing written for no wait
