@@ -101,8 +101,14 @@ class ServerProcess:
         self.start()
 
     def pause(self) -> None:
+        """SIGSTOP, and wait until every thread of the server is stopped: the signal is
+        delivered asynchronously, and on a loaded machine a worker thread answered a
+        request sent just after the kill (a memcached test saw its acquire granted)."""
         assert self.proc is not None
         os.kill(self.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while not _stopped(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def resume(self) -> None:
         assert self.proc is not None
@@ -195,3 +201,20 @@ class TlsRedisServer(RedisServer):
         return [*cmd, "--tls-port", str(self.port), "--tls-cert-file", self.tls["server_cert"],
                 "--tls-key-file", self.tls["server_key"], "--tls-ca-cert-file", self.tls["ca"],
                 "--tls-auth-clients", "yes"]
+
+
+def _stopped(pid: int) -> bool:
+    """Every thread of ``pid`` is in the stopped state (Linux /proc; True elsewhere)."""
+    tasks = f"/proc/{pid}/task"
+    if not os.path.isdir(tasks):
+        return True
+    try:
+        for tid in os.listdir(tasks):
+            with open(f"{tasks}/{tid}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+            if state not in ("T", "t"):
+                return False
+    except (OSError, IndexError):
+        return True  # gone meanwhile
+    return True
+
